@@ -1,0 +1,44 @@
+// host_reduce: the sum (or mean) of N same-sized buffers into one, on the
+// host CPU, at memory bandwidth. This is the gradient aggregation step of
+// CPU-assisted data parallelism (ICPE 2018): every replica's gradient is read
+// once and the result written once.
+#ifndef TF_GLP_CC_CORE_HOST_REDUCE_H_
+#define TF_GLP_CC_CORE_HOST_REDUCE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "cc/core/cpu_features.h"
+#include "cc/core/dtype.h"
+#include "cc/core/parallel.h"
+
+namespace tf_glp::core {
+
+enum class ReduceOp : int { kSum = 0, kMean = 1 };
+
+struct HostReduceSpec {
+  const void* const* inputs = nullptr;  // num_inputs pointers
+  int num_inputs = 0;
+  DType input_dtype = DType::kFloat32;
+  void* output = nullptr;
+  DType output_dtype = DType::kFloat32;  // input_dtype or kFloat32
+  int64_t num_elements = 0;
+  ReduceOp op = ReduceOp::kSum;
+};
+
+// Sums in float32 whatever the input type, in a fixed order per element
+// (Note [Deterministic accumulation]), so the output is bitwise the same for
+// any runner and instruction set. The output may alias an input.
+// Returns an empty string on success, else a message naming the bad argument.
+std::string HostReduce(const HostReduceSpec& spec, const ParallelRunner& runner,
+                       Isa isa = Isa::kBest);
+
+// Below this many bytes moved, work runs on the calling thread: waking other
+// threads costs more than it saves.
+constexpr int64_t kSerialBytesThreshold = 256 << 10;
+// Elements per task handed to the runner (a multiple of every vector width).
+constexpr int64_t kElementsPerTask = 16 << 10;
+
+}  // namespace tf_glp::core
+
+#endif  // TF_GLP_CC_CORE_HOST_REDUCE_H_

@@ -1,0 +1,73 @@
+// The per-instruction-set kernels behind host_reduce.h and
+// host_optimizers.h. Each kernel works on one element range [begin, end) of
+// plain arrays; splitting into ranges, threading and validation happen in the
+// callers. This header includes nothing from the C++ library on purpose: it is
+// included by files compiled with -mavx2 / -mavx512f, see kernels_impl.inc.
+//
+// Note [Deterministic accumulation]
+// Every element's result is computed by the same sequence of float32
+// operations whatever the range split, the thread count or the instruction set:
+// inputs are summed in index order (((x0 + x1) + x2) + ...), the optimizer
+// formulas are evaluated in the order Keras writes them, no fused multiply-add
+// is formed (the core is compiled with -ffp-contract=off) and conversions to
+// 16 bits follow Note [Rounding to 16 bits]. So results are bitwise
+// reproducible, and match TensorFlow's add_n and Keras' optimizers, which
+// evaluate the same expressions.
+#ifndef TF_GLP_CC_CORE_KERNELS_H_
+#define TF_GLP_CC_CORE_KERNELS_H_
+
+#include <cstdint>
+
+#include "cc/core/dtype.h"
+
+namespace tf_glp::core {
+
+struct ReduceArgs {
+  const void* const* inputs;  // num_inputs arrays of input_dtype
+  int num_inputs;
+  DType input_dtype;
+  void* output;  // output_dtype: input_dtype or kFloat32
+  DType output_dtype;
+  bool mean;              // divide the float32 sum by num_inputs
+  bool streaming_stores;  // write the output around the caches
+};
+
+enum class UpdateKind : int { kSgd = 0, kMomentum = 1, kNesterov = 2, kAdam = 3 };
+
+struct UpdateArgs {
+  UpdateKind kind;
+  const void* const* grads;  // num_grads arrays of grad_dtype, summed in order
+  int num_grads;
+  DType grad_dtype;
+  float* param;
+  float* slot0;  // momentum (kMomentum, kNesterov) or first moment (kAdam)
+  float* slot1;  // second moment (kAdam)
+  // kSgd, kMomentum, kNesterov: the learning rate. kAdam: Keras' alpha,
+  // lr * sqrt(1 - beta_2^t) / (1 - beta_1^t).
+  float learning_rate;
+  float momentum;
+  float one_minus_beta_1;
+  float one_minus_beta_2;
+  float epsilon;
+  // Decoupled weight decay as Keras applies it before the update:
+  // param -= param * decay_rate * decay_learning_rate.
+  bool weight_decay;
+  float decay_rate;
+  float decay_learning_rate;
+};
+
+#define TF_GLP_DECLARE_KERNELS(isa)                                      \
+  namespace isa {                                                        \
+  void ReduceRange(const ReduceArgs& args, int64_t begin, int64_t end);  \
+  void UpdateRange(const UpdateArgs& args, int64_t begin, int64_t end);  \
+  }
+
+TF_GLP_DECLARE_KERNELS(scalar)
+TF_GLP_DECLARE_KERNELS(avx2)
+TF_GLP_DECLARE_KERNELS(avx512)
+
+#undef TF_GLP_DECLARE_KERNELS
+
+}  // namespace tf_glp::core
+
+#endif  // TF_GLP_CC_CORE_KERNELS_H_
