@@ -1,0 +1,186 @@
+// Glp>HostApplySgd / HostApplyMomentum / HostApplyAdam: lock the variables,
+// check shapes and dtypes, make the buffers safe to update in place, then
+// core::HostApplyUpdate.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "cc/core/host_optimizers.h"
+#include "cc/tf/runner.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace tf_glp::tf {
+namespace {
+
+using tensorflow::OpInputList;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::Var;
+
+// The variables an update writes, looked up and locked in address order (as
+// TensorFlow's own training ops do, so that two updates sharing variables
+// cannot deadlock). Released on destruction.
+class LockedVariables {
+ public:
+  absl::Status Lock(OpKernelContext* ctx, int count) {
+    for (int i = 0; i < count; ++i) {
+      Var* var = nullptr;
+      TF_RETURN_IF_ERROR(tensorflow::LookupResource(
+          ctx, tensorflow::HandleFromInput(ctx, i), &var));
+      vars_.emplace_back(var);
+    }
+    std::vector<tsl::mutex*> mutexes;
+    for (auto& var : vars_) {
+      if (std::find(mutexes.begin(), mutexes.end(), var->mu()) == mutexes.end()) {
+        mutexes.push_back(var->mu());
+      }
+    }
+    std::sort(mutexes.begin(), mutexes.end());
+    for (tsl::mutex* mu : mutexes) locks_.emplace_back(*mu);
+    return absl::OkStatus();
+  }
+
+  Var* var(int i) const { return vars_[i].get(); }
+
+ private:
+  std::vector<tensorflow::core::RefCountPtr<Var>> vars_;
+  std::vector<tsl::mutex_lock> locks_;
+};
+
+// Copy-on-write, as TensorFlow's PrepareToUpdateVariable: if a reader still
+// holds the variable's buffer, give the variable a fresh copy to update.
+absl::Status MakeWritable(OpKernelContext* ctx, Var* var) {
+  Tensor* tensor = var->tensor();
+  if (!var->copy_on_read_mode.load() && tensor->RefCountIsOne()) {
+    return absl::OkStatus();
+  }
+  Tensor copy;
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(tensor->dtype(), tensor->shape(), &copy));
+  std::copy_n(tensor->tensor_data().data(), tensor->tensor_data().size(),
+              const_cast<char*>(copy.tensor_data().data()));
+  *tensor = copy;
+  return absl::OkStatus();
+}
+
+float ScalarInput(OpKernelContext* ctx, int index) {
+  return ctx->input(index).scalar<float>()();
+}
+
+template <core::UpdateKind kKind>
+class HostApplyOp : public OpKernel {
+ public:
+  static constexpr int kNumVariables = kKind == core::UpdateKind::kSgd    ? 1
+                                       : kKind == core::UpdateKind::kAdam ? 3
+                                                                          : 2;
+
+  explicit HostApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("use_weight_decay", &use_weight_decay_));
+    tensorflow::DataType grad_type;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &grad_type));
+    grad_dtype_ = *ToCoreDType(grad_type);
+    kind_ = kKind;
+    if (kKind == core::UpdateKind::kMomentum) {
+      bool nesterov;
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("nesterov", &nesterov));
+      if (nesterov) kind_ = core::UpdateKind::kNesterov;
+    }
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList grads;
+    OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
+    const int first_scalar = kNumVariables + grads.size();
+    for (int i = first_scalar; i < ctx->num_inputs(); ++i) {
+      OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(ctx->input(i).shape()),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      name(), ": hyper-parameter input ", i,
+                      " must be a scalar, got shape ",
+                      ctx->input(i).shape().DebugString())));
+    }
+    LockedVariables locked;
+    OP_REQUIRES_OK(ctx, locked.Lock(ctx, kNumVariables));
+    static const char* const kVariableNames[] = {"var", "slot 1", "slot 2"};
+    const Tensor& param = *locked.var(0)->tensor();
+    for (int i = 0; i < kNumVariables; ++i) {
+      const Tensor& t = *locked.var(i)->tensor();
+      OP_REQUIRES(ctx, t.IsInitialized(),
+                  absl::FailedPreconditionError(absl::StrCat(
+                      name(), ": ", kVariableNames[i], " is not initialized")));
+      OP_REQUIRES(ctx, t.dtype() == tensorflow::DT_FLOAT,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      name(), ": ", kVariableNames[i], " must be float32, got ",
+                      tensorflow::DataTypeString(t.dtype()))));
+      OP_REQUIRES(ctx, t.shape() == param.shape(),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      name(), ": ", kVariableNames[i], " has shape ",
+                      t.shape().DebugString(), " but var has shape ",
+                      param.shape().DebugString())));
+    }
+    for (int i = 0; i < grads.size(); ++i) {
+      OP_REQUIRES(ctx, grads[i].shape() == param.shape(),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      name(), ": gradient ", i, " has shape ",
+                      grads[i].shape().DebugString(), " but var has shape ",
+                      param.shape().DebugString())));
+    }
+    for (int i = 0; i < kNumVariables; ++i) {
+      OP_REQUIRES_OK(ctx, MakeWritable(ctx, locked.var(i)));
+    }
+
+    std::vector<const void*> grad_pointers(grads.size());
+    for (int i = 0; i < grads.size(); ++i) {
+      grad_pointers[i] = grads[i].tensor_data().data();
+    }
+    core::HostUpdateSpec spec;
+    core::UpdateArgs& a = spec.args;
+    a.kind = kind_;
+    a.grads = grad_pointers.data();
+    a.num_grads = grads.size();
+    a.grad_dtype = grad_dtype_;
+    auto data = [&](int i) {
+      return reinterpret_cast<float*>(
+          const_cast<char*>(locked.var(i)->tensor()->tensor_data().data()));
+    };
+    a.param = data(0);
+    if (kNumVariables > 1) a.slot0 = data(1);
+    if (kNumVariables > 2) a.slot1 = data(2);
+    int s = first_scalar;
+    a.learning_rate = ScalarInput(ctx, s++);
+    if (kKind == core::UpdateKind::kMomentum) a.momentum = ScalarInput(ctx, s++);
+    if (kKind == core::UpdateKind::kAdam) {
+      a.one_minus_beta_1 = ScalarInput(ctx, s++);
+      a.one_minus_beta_2 = ScalarInput(ctx, s++);
+      a.epsilon = ScalarInput(ctx, s++);
+    }
+    a.weight_decay = use_weight_decay_;
+    a.decay_rate = ScalarInput(ctx, s++);
+    a.decay_learning_rate = ScalarInput(ctx, s++);
+    spec.num_elements = param.NumElements();
+    const std::string error = core::HostApplyUpdate(spec, IntraOpRunner(ctx));
+    OP_REQUIRES(ctx, error.empty(),
+                absl::InvalidArgumentError(absl::StrCat(name(), ": ", error)));
+  }
+
+ private:
+  bool use_weight_decay_;
+  core::DType grad_dtype_;
+  core::UpdateKind kind_;
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("Glp>HostApplySgd").Device(tensorflow::DEVICE_CPU),
+    HostApplyOp<core::UpdateKind::kSgd>);
+REGISTER_KERNEL_BUILDER(
+    Name("Glp>HostApplyMomentum").Device(tensorflow::DEVICE_CPU),
+    HostApplyOp<core::UpdateKind::kMomentum>);
+REGISTER_KERNEL_BUILDER(
+    Name("Glp>HostApplyAdam").Device(tensorflow::DEVICE_CPU),
+    HostApplyOp<core::UpdateKind::kAdam>);
+
+}  // namespace
+}  // namespace tf_glp::tf

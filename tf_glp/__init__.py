@@ -1,0 +1,34 @@
+"""tf_glp: faster Keras 3 / TensorFlow training without changing what is learned.
+
+- `tf_glp.ops`: host-engine ops (host_reduce, fused host optimizer updates),
+  native C++ with pure-TensorFlow fallbacks.
+- `tf_glp.native_available()`: which implementation is in use, and why.
+
+`import tf_glp` is cheap: TensorFlow and the native library are loaded on
+first use of a submodule that needs them.
+
+Example:
+    >>> import tensorflow as tf, tf_glp
+    >>> tf_glp.ops.host_reduce([tf.ones(3), tf.ones(3)]).numpy()
+    array([2., 2., 2.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from tf_glp._native import NativeStatus, native_available
+
+__version__ = "0.1.0"
+__all__ = ["NativeStatus", "native_available", "ops"]
+
+_LAZY_SUBMODULES = {"ops"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_SUBMODULES:
+        module = importlib.import_module(f"tf_glp.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'tf_glp' has no attribute {name!r}")

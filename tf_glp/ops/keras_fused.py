@@ -1,0 +1,106 @@
+"""Applies a Keras optimizer's step through the fused host ops.
+
+`FusedKerasUpdate(optimizer).apply(grads_per_variable, variables)` has the
+same effect as `optimizer.apply([sum(g) for g in grads_per_variable],
+variables)` for keras.optimizers.SGD (with or without momentum / Nesterov),
+Adam and AdamW, but reads each replica's gradient directly and makes one pass
+over memory per variable. Hyper-parameters (learning-rate schedule, Adam's
+bias correction, weight decay) are computed with the same float32 operations
+Keras uses, so the results match Keras to float32 rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import keras
+import tensorflow as tf
+
+from tf_glp.ops.host_optimizers import host_apply_adam, host_apply_momentum, host_apply_sgd
+
+_FUSED_TYPES = (keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.AdamW)
+
+
+def supports_fused_update(optimizer: keras.optimizers.Optimizer) -> tuple[bool, str]:
+    """Says whether `optimizer` can run through the fused host ops, and why not.
+
+    Returns:
+        (True, "") or (False, reason). Other optimizers and features still work
+        through the optimizer's own update.
+
+    Example:
+        >>> ok, why = tf_glp.ops.supports_fused_update(keras.optimizers.Adam())
+        >>> ok
+        True
+    """
+    kind = type(optimizer)
+    if kind not in _FUSED_TYPES:
+        return False, f"{kind.__name__} has no fused host update (SGD, Adam and AdamW do)"
+    if getattr(optimizer, "amsgrad", False):
+        return False, "amsgrad=True has no fused host update"
+    for name in ("clipnorm", "clipvalue", "global_clipnorm", "gradient_accumulation_steps", "loss_scale_factor"):
+        if getattr(optimizer, name, None) is not None:
+            return False, f"{name} is set"
+    if getattr(optimizer, "use_ema", False):
+        return False, "use_ema=True"
+    return True, ""
+
+
+class FusedKerasUpdate:
+    """One optimizer step over summed replica gradients, through fused host ops.
+
+    Args:
+        optimizer: A keras.optimizers.SGD, Adam or AdamW for which
+            `supports_fused_update` is true.
+
+    Example:
+        >>> opt = keras.optimizers.Adam(1e-3)
+        >>> w = keras.Variable([1.0, 2.0])
+        >>> opt.build([w])
+        >>> FusedKerasUpdate(opt).apply([[tf.ones(2), tf.ones(2)]], [w])
+    """
+
+    def __init__(self, optimizer: keras.optimizers.Optimizer):
+        ok, reason = supports_fused_update(optimizer)
+        if not ok:
+            raise ValueError(f"FusedKerasUpdate: {reason}")
+        self.optimizer = optimizer
+
+    def apply(self, grads_per_variable: Sequence[Sequence[tf.Tensor]], variables: Sequence) -> None:
+        """Applies one step; `grads_per_variable[i]` are the gradients of variables[i]."""
+        opt = self.optimizer
+        variables = list(variables)
+        if len(grads_per_variable) != len(variables):
+            raise ValueError(
+                f"FusedKerasUpdate.apply: got {len(grads_per_variable)} gradient lists for {len(variables)} variables")
+        if not opt.built:
+            opt.build(variables)
+        # Keras reads the (scheduled) learning rate once per step, before
+        # iterations is incremented; weight decay uses the same value.
+        lr = tf.cast(opt.learning_rate, tf.float32)
+        if isinstance(opt, keras.optimizers.Adam):
+            local_step = tf.cast(opt.iterations + 1, tf.float32)
+            beta_1_power = tf.pow(tf.cast(opt.beta_1, tf.float32), local_step)
+            beta_2_power = tf.pow(tf.cast(opt.beta_2, tf.float32), local_step)
+            alpha = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        for grads, variable in zip(grads_per_variable, variables):
+            grads = [g for g in grads if g is not None]
+            if not grads:
+                continue  # Keras skips variables without gradients too.
+            if variable.constraint is not None:
+                raise ValueError(f"FusedKerasUpdate: variable {variable.path} has a constraint; use the optimizer's own update")
+            index = opt._get_variable_index(variable)
+            decay = opt.weight_decay if opt._use_weight_decay(variable) else None
+            target = variable.value
+            if isinstance(opt, keras.optimizers.Adam):  # AdamW too
+                host_apply_adam(
+                    target, opt._momentums[index].value, opt._velocities[index].value, grads,
+                    alpha, 1 - opt.beta_1, 1 - opt.beta_2, opt.epsilon,
+                    weight_decay=decay, decay_learning_rate=lr)
+            elif opt.momentum != 0:
+                host_apply_momentum(
+                    target, opt.momentums[index].value, grads, lr, opt.momentum,
+                    nesterov=opt.nesterov, weight_decay=decay, decay_learning_rate=lr)
+            else:
+                host_apply_sgd(target, grads, lr, weight_decay=decay, decay_learning_rate=lr)
+        opt.iterations.assign_add(1)
