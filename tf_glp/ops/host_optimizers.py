@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tf_glp import _native
-from tf_glp.ops._checks import as_float_tensors, invalid
+from tf_glp.ops._common import as_float_tensors, invalid, sum_in_order
 
 
 def _scalar(value, name: str, op_name: str) -> tf.Tensor:
@@ -49,11 +49,6 @@ def _decay_inputs(weight_decay, decay_learning_rate, op_name: str):
     if use and decay_learning_rate is None:
         raise ValueError(f"{op_name}: weight_decay needs decay_learning_rate (Keras uses the learning rate)")
     return use, rate, lr
-
-
-def _sum_grads(grads: list[tf.Tensor]) -> tf.Tensor:
-    # Same order and precision as the native kernels: float32, in list order.
-    return tf.add_n([tf.cast(g, tf.float32) for g in grads])
 
 
 def _apply_decay(var: tf.Variable, use: bool, rate: tf.Tensor, lr: tf.Tensor) -> None:
@@ -97,7 +92,7 @@ def host_apply_sgd(
             return
         _check_finite_fallback(op_name, lr=lr, weight_decay=rate, decay_learning_rate=decay_lr)
         _apply_decay(var, use, rate, decay_lr)
-        var.assign_sub(_sum_grads(grads) * lr)
+        var.assign_sub(sum_in_order(grads) * lr)
 
 
 def host_apply_momentum(
@@ -136,7 +131,7 @@ def host_apply_momentum(
             return
         _check_finite_fallback(op_name, lr=lr, momentum=mom, weight_decay=rate, decay_learning_rate=decay_lr)
         _apply_decay(var, use, rate, decay_lr)
-        g = _sum_grads(grads)
+        g = sum_in_order(grads)
         momentum_slot.assign(momentum_slot * mom - g * lr)
         if nesterov:
             var.assign_add(momentum_slot * mom - g * lr)
@@ -185,7 +180,7 @@ def host_apply_adam(
         _check_finite_fallback(op_name, alpha=a, one_minus_beta_1=c1, one_minus_beta_2=c2,
                                epsilon=eps, weight_decay=rate, decay_learning_rate=decay_lr)
         _apply_decay(var, use, rate, decay_lr)
-        g = _sum_grads(grads)
+        g = sum_in_order(grads)
         m.assign_add((g - m) * c1)
         v.assign_add((tf.square(g) - v) * c2)
         var.assign_sub((m * a) / (tf.sqrt(v) + eps))

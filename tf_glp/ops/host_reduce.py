@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tf_glp import _native
-from tf_glp.ops._checks import as_float_tensors, invalid
+from tf_glp.ops._common import as_float_tensors, invalid, sum_in_order
 
 _REDUCTIONS = ("sum", "mean")
 
@@ -21,9 +21,9 @@ def host_reduce(
 
     The sum is accumulated in float32 in list order, whatever the input dtype,
     so the result is bitwise reproducible (independent of thread count and
-    CPU instruction set) and equals
-    `tf.cast(tf.add_n([tf.cast(t, tf.float32) for t in tensors]), output_dtype)`
-    (divided by N before the cast for "mean").
+    CPU instruction set) and equals `((t0 + t1) + t2) + ...` computed in
+    float32, divided by N for "mean", then cast to output_dtype. For float32
+    and up to 8 inputs that is exactly `tf.add_n(tensors)`.
 
     Args:
         tensors: A non-empty list of float32, bfloat16 or float16 tensors of
@@ -59,7 +59,7 @@ def host_reduce(
 
 
 def _fallback(inputs: list[tf.Tensor], op: str, out_dtype: tf.DType) -> tf.Tensor:
-    total = tf.add_n([tf.cast(t, tf.float32) for t in inputs])
+    total = sum_in_order(inputs)
     if op == "mean":
         total = total / tf.constant(len(inputs), tf.float32)
     return tf.cast(total, out_dtype)
@@ -70,7 +70,7 @@ def _host_reduce_grad(op: tf.Operation, grad: tf.Tensor) -> list[tf.Tensor]:
     # Mirrors the fallback's graph (float32 divide, then cast) so both paths
     # give the same gradient bits.
     count = len(op.inputs)
-    if op.get_attr("reduction") == "mean":
+    if op.get_attr("reduction") in (b"mean", "mean"):
         grad = tf.cast(grad, tf.float32) / tf.constant(count, tf.float32)
     grad = tf.cast(grad, op.get_attr("T"))
     return [grad] * count

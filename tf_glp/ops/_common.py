@@ -1,4 +1,4 @@
-"""Argument checks shared by the ops: clear errors that name the bad value."""
+"""Shared by the ops: argument checks with clear errors, and the in-order sum."""
 
 from __future__ import annotations
 
@@ -29,3 +29,18 @@ def as_float_tensors(values: Sequence, op_name: str, what: str) -> list[tf.Tenso
         if not t.shape.is_compatible_with(tensors[0].shape):
             raise invalid(f"{op_name}: all {what} must have one shape, but {what}[{i}] has shape {t.shape} and {what}[0] has shape {tensors[0].shape}")
     return tensors
+
+
+def sum_in_order(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    """((t0 + t1) + t2) + ... in float32: the native kernels' order.
+
+    tf.add_n sums up to 8 inputs in this order but groups longer lists
+    differently, so longer lists are chained here.
+    """
+    values = [tf.cast(t, tf.float32) for t in tensors]
+    if len(values) <= 8:
+        return tf.add_n(values)
+    total = values[0]
+    for value in values[1:]:
+        total = total + value
+    return total

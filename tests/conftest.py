@@ -1,0 +1,38 @@
+"""Shared test setup: quiet TensorFlow, four logical CPU devices (so that
+strategies run with 2 and 4 replicas on any machine), fixed seeds."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+NUM_LOGICAL_CPUS = 4
+
+_cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(
+    _cpus[0], [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS
+)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def native_mode(monkeypatch):
+    """Switches tf_glp between its native ops and the fallbacks in one test:
+    `native_mode("0")` forces the fallback, `native_mode("auto")` restores."""
+    from tf_glp import _native
+
+    def switch(value: str) -> None:
+        monkeypatch.setenv("TF_GLP_NATIVE", value)
+        _native._reset_for_tests()
+
+    yield switch
+    monkeypatch.delenv("TF_GLP_NATIVE", raising=False)
+    _native._reset_for_tests()

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The README's two commands, each self-contained on a fresh machine that has
+# Python 3.11, pip and a C++ compiler:
+#   tools/dev.sh quickstart   # install into .venv, run examples/quickstart.py
+#   tools/dev.sh test         # install into .venv, run native + Python tests
+# TF_GLP_VENV picks another virtual environment folder (default .venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${TF_GLP_VENV:-.venv}"
+PY="$VENV/bin/python"
+
+install() {
+  if [ ! -x "$PY" ]; then
+    python3 -m venv "$VENV"
+  fi
+  "$PY" -m pip install -q --upgrade pip "setuptools>=64" wheel
+  # TensorFlow first: the op library is compiled against it (setup.py), and
+  # --no-build-isolation reuses this one instead of a second 2 GB copy.
+  "$PY" -m pip install -q "tensorflow==2.21.*"
+  "$PY" -m pip install -q --no-build-isolation -e ".[test]"
+}
+
+native_tests() {
+  # The framework-agnostic core, built and tested without TensorFlow.
+  "$VENV/bin/cmake" -S cc -B build/cc -DCMAKE_BUILD_TYPE=Release > /dev/null
+  if ! "$VENV/bin/cmake" --build build/cc -j "$(nproc)" > build/cc/build.log 2>&1; then
+    cat build/cc/build.log
+    exit 1
+  fi
+  "$VENV/bin/ctest" --test-dir build/cc --output-on-failure
+}
+
+case "${1:-}" in
+  quickstart)
+    install
+    shift
+    exec "$PY" examples/quickstart.py "$@"
+    ;;
+  test)
+    install
+    shift
+    native_tests
+    exec "$PY" -m pytest -q "$@"
+    ;;
+  *)
+    echo "usage: tools/dev.sh quickstart|test [extra args]" >&2
+    exit 2
+    ;;
+esac
