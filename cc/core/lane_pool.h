@@ -1,0 +1,79 @@
+// Lanes: how the layer-concurrency ops (GLP4NN) run a layer's independent
+// work items side by side. A CPU lane is a worker of a fixed thread pool; a
+// CUDA lane is a stream of a per-device stream pool (cc/cuda/lane_pool_cuda.h,
+// same contract).
+//
+// Note [Lane pool]
+// ~~~~~~~~~~~~~~~~
+// * A call asks for k lanes, 1 <= k <= kMaxLanes (CheckLaneCount says why a
+//   k is refused; the ops turn that into InvalidArgumentError). k is a
+//   request for concurrency, never a promise of it.
+// * CPU: one process-wide pool (CpuLanePool::Global()), created lazily on
+//   first use with one thread per hardware thread (TF_GLP_CPU_LANE_THREADS
+//   overrides) and reused by every call; no thread is created per call. A
+//   call's lanes are tasks of that pool: at most min(k, pool threads) lanes
+//   run at once; when more lanes are asked than there are threads, the extra
+//   lanes run as threads free up (the calling thread is one of them). Several
+//   ops may call at once (TensorFlow runs independent ops concurrently); each
+//   gets its own lanes and returns when its own items are done.
+// * Work items are handed to lanes dynamically (an atomic counter); each lane
+//   runs on one thread at a time, so per-lane scratch needs no locking.
+//   Which lane runs an item is unspecified: results must not depend on it
+//   (Note [Concurrent determinism] in conv.h says how the ops ensure that).
+// * CUDA: per device, a pool of kMaxLanes non-blocking streams, created
+//   lazily (std::call_once) on the first call that uses the device, each
+//   with its own cuBLAS handle and workspace, and never destroyed. A call
+//   with k lanes uses streams 0..k-1 of the pool: it records an event on the
+//   op's stream, makes each lane wait on it (fork), enqueues item i on lane
+//   i % k, then records an event per lane and makes the op's stream wait on
+//   them (join), so work enqueued on the op's stream before and after the op
+//   stays ordered with it. Calls from several host threads share the streams;
+//   the events keep each call's fork and join correct.
+#ifndef TF_GLP_CC_CORE_LANE_POOL_H_
+#define TF_GLP_CC_CORE_LANE_POOL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "cc/core/thread_pool.h"
+
+namespace tf_glp::core {
+
+// The most lanes a call may ask for, on any backend.
+constexpr int64_t kMaxLanes = 64;
+
+// "" when 1 <= num_lanes <= kMaxLanes, else a message naming the bad value.
+std::string CheckLaneCount(int64_t num_lanes);
+
+class CpuLanePool {
+ public:
+  // A pool of num_threads threads (the calling thread of Run counts as one).
+  explicit CpuLanePool(int num_threads);
+
+  // The process-wide pool (Note [Lane pool]).
+  static const CpuLanePool& Global();
+
+  int NumThreads() const { return pool_->NumThreads(); }
+
+  // Runs fn(lane, item) once for every item in [0, num_items) over
+  // num_lanes lanes (clamped to [1, kMaxLanes]) and returns when all are
+  // done. lane is in [0, num_lanes). If fn throws, the exception of the
+  // lowest-numbered failing lane is rethrown after all lanes stop.
+  void Run(int64_t num_lanes, int64_t num_items,
+           const std::function<void(int lane, int64_t item)>& fn) const;
+
+ private:
+  std::unique_ptr<ThreadPool> pool_;
+};
+
+// Splits [0, total) into `parts` contiguous ranges whose sizes differ by at
+// most one; returns the start of range `index` (index == parts gives total).
+inline int64_t SplitPoint(int64_t total, int64_t parts, int64_t index) {
+  return total / parts * index + (index < total % parts ? index : total % parts);
+}
+
+}  // namespace tf_glp::core
+
+#endif  // TF_GLP_CC_CORE_LANE_POOL_H_
