@@ -26,8 +26,6 @@ from types import ModuleType
 _LIBRARY_NAME = "_tf_glp_ops.so"
 _MARKER = re.compile(rb"tf_glp built against TensorFlow ([0-9][0-9A-Za-z.+-]*)\x00")
 _lock = threading.Lock()
-_state: NativeStatus | None = None
-_module: ModuleType | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,12 +115,20 @@ def _try_load() -> tuple[NativeStatus, ModuleType | None]:
     return NativeStatus(True, reason, path, cpu_kernels), module
 
 
+class _Loaded:
+    """The load decision, kept on an object rather than in module globals:
+    the first load can happen while AutoGraph converts a user's tf.function,
+    and AutoGraph-converted code does not reliably write `global` names."""
+
+    state: NativeStatus | None = None
+    module: ModuleType | None = None
+
+
 def _ensure_loaded() -> None:
-    global _state, _module
-    if _state is not None:
+    if _Loaded.state is not None:
         return
     with _lock:
-        if _state is not None:
+        if _Loaded.state is not None:
             return
         mode = _mode()
         if mode == "off":
@@ -138,7 +144,8 @@ def _ensure_loaded() -> None:
                     RuntimeWarning,
                     stacklevel=3,
                 )
-        _module, _state = module, state
+        _Loaded.module = module
+        _Loaded.state = state
 
 
 def native_available() -> NativeStatus:
@@ -155,18 +162,17 @@ def native_available() -> NativeStatus:
         ...     print("slower path:", tf_glp.native_available().reason)
     """
     _ensure_loaded()
-    assert _state is not None
-    return _state
+    assert _Loaded.state is not None
+    return _Loaded.state
 
 
 def library() -> ModuleType | None:
     """The loaded op module, or None when ops must use their fallbacks."""
     _ensure_loaded()
-    return _module
+    return _Loaded.module
 
 
 def _reset_for_tests() -> None:
     """Forgets the load decision so tests can change TF_GLP_NATIVE."""
-    global _state, _module
     with _lock:
-        _state, _module = None, None
+        _Loaded.state, _Loaded.module = None, None

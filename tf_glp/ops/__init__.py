@@ -2,6 +2,12 @@
 
 Every op here gives the same numbers on both paths (see tf_glp._native for
 how the path is chosen).
+
+Note [No AutoGraph in tf_glp]
+Public ops are marked `tf.autograph.experimental.do_not_convert`: they are
+plain Python that builds TensorFlow ops, and when a user's tf.function calls
+them AutoGraph would otherwise rewrite their Python control flow (and the
+lazy loader's state handling) for nothing.
 """
 
 from tf_glp.ops.host_optimizers import (

@@ -56,6 +56,7 @@ def _apply_decay(var: tf.Variable, use: bool, rate: tf.Tensor, lr: tf.Tensor) ->
         var.assign_sub(var * rate * lr)
 
 
+@tf.autograph.experimental.do_not_convert  # Note [No AutoGraph in tf_glp]
 def host_apply_sgd(
     var: tf.Variable,
     grads: Sequence[tf.Tensor],
@@ -90,11 +91,12 @@ def host_apply_sgd(
         if native is not None:
             native.glp_host_apply_sgd(var.handle, grads, lr, rate, decay_lr, use_weight_decay=use)
             return
-        _check_finite_fallback(op_name, lr=lr, weight_decay=rate, decay_learning_rate=decay_lr)
+        _check_finite_fallback(op_name, learning_rate=lr, weight_decay=rate, decay_learning_rate=decay_lr)
         _apply_decay(var, use, rate, decay_lr)
         var.assign_sub(sum_in_order(grads) * lr)
 
 
+@tf.autograph.experimental.do_not_convert  # Note [No AutoGraph in tf_glp]
 def host_apply_momentum(
     var: tf.Variable,
     momentum_slot: tf.Variable,
@@ -129,7 +131,7 @@ def host_apply_momentum(
                 var.handle, momentum_slot.handle, grads, lr, mom, rate, decay_lr,
                 nesterov=bool(nesterov), use_weight_decay=use)
             return
-        _check_finite_fallback(op_name, lr=lr, momentum=mom, weight_decay=rate, decay_learning_rate=decay_lr)
+        _check_finite_fallback(op_name, learning_rate=lr, momentum=mom, weight_decay=rate, decay_learning_rate=decay_lr)
         _apply_decay(var, use, rate, decay_lr)
         g = sum_in_order(grads)
         momentum_slot.assign(momentum_slot * mom - g * lr)
@@ -139,6 +141,7 @@ def host_apply_momentum(
             var.assign_add(momentum_slot)
 
 
+@tf.autograph.experimental.do_not_convert  # Note [No AutoGraph in tf_glp]
 def host_apply_adam(
     var: tf.Variable,
     m: tf.Variable,

@@ -12,6 +12,7 @@ from tf_glp.ops._common import as_float_tensors, invalid, sum_in_order
 _REDUCTIONS = ("sum", "mean")
 
 
+@tf.autograph.experimental.do_not_convert  # Note [No AutoGraph in tf_glp]
 def host_reduce(
     tensors: Sequence[tf.Tensor],
     op: str = "sum",

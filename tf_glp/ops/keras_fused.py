@@ -66,6 +66,7 @@ class FusedKerasUpdate:
             raise ValueError(f"FusedKerasUpdate: {reason}")
         self.optimizer = optimizer
 
+    @tf.autograph.experimental.do_not_convert  # Note [No AutoGraph in tf_glp]
     def apply(self, grads_per_variable: Sequence[Sequence[tf.Tensor]], variables: Sequence) -> None:
         """Applies one step; `grads_per_variable[i]` are the gradients of variables[i]."""
         opt = self.optimizer

@@ -1,0 +1,191 @@
+"""Layer-concurrency ops (GLP4NN): a layer's independent work split over lanes.
+
+`concurrent_conv2d` and `concurrent_matmul` compute what `tf.nn.convolution`
+and `tf.matmul` compute, with the batch split over `concurrency` lanes
+(worker threads on a CPU, CUDA streams on a GPU; see Note [Lane pool] in
+cc/core/lane_pool.h). For a given input every output and gradient is bitwise
+identical for every `concurrency` and every run (Note [Concurrent
+determinism] in cc/core/conv.h); against TensorFlow's own kernels results
+agree to float32 rounding.
+
+Without the native library (see tf_glp._native) the ops run pure TensorFlow
+(`tf.nn.convolution`, `tf.matmul` and their gradients), which ignores
+`concurrency` and agrees with the native ops to float32 rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from tf_glp import _native
+from tf_glp.ops._common import invalid
+
+MAX_CONCURRENCY = 64  # core::kMaxLanes in cc/core/lane_pool.h
+
+
+def check_concurrency(concurrency: int, op_name: str = "concurrency") -> int:
+    """Returns `concurrency` as an int, or raises ValueError naming it."""
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int):
+        raise ValueError(f"{op_name}: concurrency must be an int between 1 and {MAX_CONCURRENCY}, got {concurrency!r}")
+    if not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise ValueError(f"{op_name}: concurrency must be between 1 and {MAX_CONCURRENCY}, got {concurrency}")
+    return int(concurrency)
+
+
+def _pair(value: int | Sequence[int], name: str, op_name: str) -> list[int]:
+    values = [value, value] if isinstance(value, int) and not isinstance(value, bool) else list(value)
+    if len(values) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+        raise ValueError(f"{op_name}: {name} must be a positive int or a pair of them, got {value!r}")
+    return values
+
+
+def _padding(padding: str, op_name: str) -> str:
+    if not isinstance(padding, str) or padding.upper() not in ("SAME", "VALID"):
+        raise ValueError(f"{op_name}: padding must be 'valid' or 'same', got {padding!r}")
+    return padding.upper()
+
+
+def _float32(value, op_name: str, what: str) -> tf.Tensor:
+    tensor = tf.convert_to_tensor(value)
+    if tensor.dtype != tf.float32:
+        raise invalid(f"{op_name}: {what} must be float32, got {tensor.dtype.name}")
+    return tensor
+
+
+def _rank(tensor: tf.Tensor, rank: int, op_name: str, what: str, layout: str) -> None:
+    if tensor.shape.rank is not None and tensor.shape.rank != rank:
+        raise invalid(f"{op_name}: {what} must be {rank}-D {layout}, got shape {tensor.shape}")
+
+
+def concurrent_conv2d(
+    inputs: tf.Tensor,
+    filters: tf.Tensor,
+    strides: int | Sequence[int] = 1,
+    padding: str = "valid",
+    dilations: int | Sequence[int] = 1,
+    concurrency: int = 1,
+) -> tf.Tensor:
+    """NHWC 2-D convolution with the batch's samples split over lanes.
+
+    Computes `tf.nn.convolution(inputs, filters, strides, padding,
+    dilations)` (groups = 1). Each sample is an independent work item
+    (im2col + GEMM) run on one of `concurrency` lanes; the filter gradient is
+    summed over fixed groups of samples in index order, so results do not
+    depend on `concurrency`.
+
+    Args:
+        inputs: float32 [batch, height, width, in_channels].
+        filters: float32 [filter_height, filter_width, in_channels, out_channels].
+        strides: An int or (height, width) pair, each >= 1.
+        padding: "valid" or "same" (any case), as tf.nn.convolution.
+        dilations: An int or (height, width) pair, each >= 1.
+        concurrency: Number of lanes, 1..64.
+
+    Returns:
+        float32 [batch, out_height, out_width, out_channels].
+
+    Raises:
+        ValueError: for a bad concurrency, padding, strides or dilations.
+        tf.errors.InvalidArgumentError: for a wrong rank or dtype, or input
+            channels that do not match the filter.
+
+    Example:
+        >>> x = tf.random.normal([8, 32, 32, 3])
+        >>> w = tf.random.normal([3, 3, 3, 16])
+        >>> y = tf_glp.ops.concurrent_conv2d(x, w, padding="same", concurrency=2)
+        >>> y.shape
+        TensorShape([8, 32, 32, 16])
+    """
+    name = "concurrent_conv2d"
+    concurrency = check_concurrency(concurrency, name)
+    strides = _pair(strides, "strides", name)
+    dilations = _pair(dilations, "dilations", name)
+    padding = _padding(padding, name)
+    inputs = _float32(inputs, name, "inputs")
+    filters = _float32(filters, name, "filters")
+    _rank(inputs, 4, name, "inputs", "[batch, height, width, channels]")
+    _rank(filters, 4, name, "filters", "[height, width, in_channels, out_channels]")
+    in_channels, filter_channels = inputs.shape[-1], filters.shape[2]
+    if in_channels is not None and filter_channels is not None and in_channels != filter_channels:
+        raise invalid(f"{name}: inputs have {in_channels} channels but the filters expect {filter_channels} (shapes {inputs.shape} and {filters.shape})")
+    native = _native.library()
+    if native is not None:
+        return native.glp_concurrent_conv2d(
+            inputs, filters, strides=strides, padding=padding, dilations=dilations, concurrency=concurrency
+        )
+    return tf.nn.convolution(inputs, filters, strides=strides, padding=padding, dilations=dilations)
+
+
+def concurrent_matmul(
+    a: tf.Tensor, b: tf.Tensor, transpose_b: bool = False, concurrency: int = 1
+) -> tf.Tensor:
+    """a @ b (or a @ b^T) with the rows of `a` split over lanes.
+
+    Args:
+        a: float32 [rows, inner].
+        b: float32 [inner, cols], or [cols, inner] when transpose_b.
+        transpose_b: Multiply by b transposed.
+        concurrency: Number of lanes, 1..64.
+
+    Returns:
+        float32 [rows, cols]. The weight gradient is summed over fixed groups
+        of rows in order, so results do not depend on `concurrency`.
+
+    Raises:
+        ValueError: for a bad concurrency.
+        tf.errors.InvalidArgumentError: for a wrong rank, dtype or inner size.
+
+    Example:
+        >>> x = tf.random.normal([32, 128])
+        >>> w = tf.random.normal([128, 10])
+        >>> tf_glp.ops.concurrent_matmul(x, w, concurrency=2).shape
+        TensorShape([32, 10])
+    """
+    name = "concurrent_matmul"
+    concurrency = check_concurrency(concurrency, name)
+    a = _float32(a, name, "a")
+    b = _float32(b, name, "b")
+    _rank(a, 2, name, "a", "[rows, inner]")
+    _rank(b, 2, name, "b", "[inner, cols]" if not transpose_b else "[cols, inner]")
+    inner_a, inner_b = a.shape[1], b.shape[1 if transpose_b else 0]
+    if inner_a is not None and inner_b is not None and inner_a != inner_b:
+        raise invalid(f"{name}: a has {inner_a} columns but b{'^T' if transpose_b else ''} has {inner_b} rows (shapes {a.shape} and {b.shape})")
+    native = _native.library()
+    if native is not None:
+        return native.glp_concurrent_mat_mul(a, b, transpose_b=bool(transpose_b), concurrency=concurrency)
+    return tf.matmul(a, b, transpose_b=bool(transpose_b))
+
+
+def _conv_attrs(op: tf.Operation) -> dict:
+    return {
+        "strides": list(op.get_attr("strides")),
+        "padding": op.get_attr("padding"),
+        "dilations": list(op.get_attr("dilations")),
+        "concurrency": op.get_attr("concurrency"),
+    }
+
+
+@tf.RegisterGradient("Glp>ConcurrentConv2D")
+def _concurrent_conv2d_grad(op: tf.Operation, grad: tf.Tensor) -> list[tf.Tensor]:
+    native = _native.library()
+    inputs, filters = op.inputs
+    attrs = _conv_attrs(op)
+    input_grad = native.glp_concurrent_conv2d_backprop_input(tf.shape(inputs), filters, grad, **attrs)
+    filter_grad = native.glp_concurrent_conv2d_backprop_filter(inputs, tf.shape(filters), grad, **attrs)
+    return [input_grad, filter_grad]
+
+
+@tf.RegisterGradient("Glp>ConcurrentMatMul")
+def _concurrent_matmul_grad(op: tf.Operation, grad: tf.Tensor) -> list[tf.Tensor]:
+    native = _native.library()
+    a, b = op.inputs
+    lanes = op.get_attr("concurrency")
+    if op.get_attr("transpose_b"):  # y = a b^T: da = dy b, db = dy^T a
+        a_grad = native.glp_concurrent_mat_mul(grad, b, transpose_b=False, concurrency=lanes)
+        b_grad = native.glp_concurrent_mat_mul_grad_weights(grad, a, concurrency=lanes)
+    else:  # y = a b: da = dy b^T, db = a^T dy
+        a_grad = native.glp_concurrent_mat_mul(grad, b, transpose_b=True, concurrency=lanes)
+        b_grad = native.glp_concurrent_mat_mul_grad_weights(a, grad, concurrency=lanes)
+    return [a_grad, b_grad]
