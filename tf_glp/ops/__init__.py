@@ -10,6 +10,7 @@ them AutoGraph would otherwise rewrite their Python control flow (and the
 lazy loader's state handling) for nothing.
 """
 
+from tf_glp.ops.concurrent import concurrent_conv2d, concurrent_matmul
 from tf_glp.ops.host_optimizers import (
     host_apply_adam,
     host_apply_momentum,
@@ -19,6 +20,8 @@ from tf_glp.ops.host_reduce import host_reduce
 from tf_glp.ops.keras_fused import FusedKerasUpdate, supports_fused_update
 
 __all__ = [
+    "concurrent_conv2d",
+    "concurrent_matmul",
     "FusedKerasUpdate",
     "host_apply_adam",
     "host_apply_momentum",

@@ -59,6 +59,7 @@ def _rank(tensor: tf.Tensor, rank: int, op_name: str, what: str, layout: str) ->
         raise invalid(f"{op_name}: {what} must be {rank}-D {layout}, got shape {tensor.shape}")
 
 
+@tf.autograph.experimental.do_not_convert  # Note [No AutoGraph in tf_glp]
 def concurrent_conv2d(
     inputs: tf.Tensor,
     filters: tf.Tensor,
@@ -118,6 +119,7 @@ def concurrent_conv2d(
     return tf.nn.convolution(inputs, filters, strides=strides, padding=padding, dilations=dilations)
 
 
+@tf.autograph.experimental.do_not_convert  # Note [No AutoGraph in tf_glp]
 def concurrent_matmul(
     a: tf.Tensor, b: tf.Tensor, transpose_b: bool = False, concurrency: int = 1
 ) -> tf.Tensor:
