@@ -21,9 +21,9 @@ from typing import Any
 from tf_glp._native import NativeStatus, native_available
 
 __version__ = "0.1.0"
-__all__ = ["NativeStatus", "native_available", "ops"]
+__all__ = ["NativeStatus", "layers", "native_available", "ops"]
 
-_LAZY_SUBMODULES = {"ops"}
+_LAZY_SUBMODULES = {"layers", "ops"}
 
 
 def __getattr__(name: str) -> Any:

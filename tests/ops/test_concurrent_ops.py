@@ -1,0 +1,220 @@
+"""concurrent_conv2d / concurrent_matmul against TensorFlow's kernels, bitwise
+invariance over the number of lanes, gradients, fallbacks and bad input."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tf_glp
+from tf_glp import _native
+from tf_glp.ops import concurrent_conv2d, concurrent_matmul
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+def close(actual, expected, rtol):
+    expected = np.asarray(expected)
+    scale = float(np.max(np.abs(expected))) if expected.size else 1.0
+    np.testing.assert_allclose(np.asarray(actual), expected, rtol=rtol, atol=rtol * max(scale, 1.0))
+
+
+def conv_and_grads(fn, x, w, dy):
+    with tf.GradientTape() as tape:
+        tape.watch([x, w])
+        y = fn(x, w)
+    dx, dw = tape.gradient(y, [x, w], output_gradients=dy)
+    return y.numpy(), dx.numpy(), dw.numpy()
+
+
+conv_cases = st.fixed_dictionaries(
+    {
+        "batch": st.integers(1, 5),
+        "height": st.integers(1, 11),
+        "width": st.integers(1, 11),
+        "in_c": st.integers(1, 6),
+        "out_c": st.integers(1, 7),
+        "kh": st.integers(1, 4),
+        "kw": st.integers(1, 4),
+        "stride": st.tuples(st.integers(1, 3), st.integers(1, 3)),
+        "dilation": st.tuples(st.integers(1, 3), st.integers(1, 3)),
+        "padding": st.sampled_from(["same", "valid"]),
+        "k": st.integers(1, 8),
+        "seed": st.integers(0, 2**31 - 1),
+    }
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(conv_cases)
+def test_conv2d_matches_tensorflow(case):
+    # Keras (and TensorFlow's CPU kernels) take strides > 1 or dilations > 1,
+    # not both.
+    if max(case["stride"]) > 1 and max(case["dilation"]) > 1:
+        case["dilation"] = (1, 1)
+    span_h = (case["kh"] - 1) * case["dilation"][0] + 1
+    span_w = (case["kw"] - 1) * case["dilation"][1] + 1
+    if case["padding"] == "valid" and (span_h > case["height"] or span_w > case["width"]):
+        case["padding"] = "same"
+    rng = np.random.default_rng(case["seed"])
+    x = tf.constant(rng.standard_normal((case["batch"], case["height"], case["width"], case["in_c"]), np.float32))
+    w = tf.constant(rng.standard_normal((case["kh"], case["kw"], case["in_c"], case["out_c"]), np.float32))
+    args = dict(strides=case["stride"], padding=case["padding"], dilations=case["dilation"])
+    reference = conv_and_grads(
+        lambda a, b: tf.nn.convolution(a, b, strides=args["strides"], padding=args["padding"].upper(), dilations=args["dilations"]),
+        x, w, None,
+    )
+    dy = tf.constant(rng.standard_normal(reference[0].shape, np.float32))
+    reference = conv_and_grads(
+        lambda a, b: tf.nn.convolution(a, b, strides=args["strides"], padding=args["padding"].upper(), dilations=args["dilations"]),
+        x, w, dy,
+    )
+    got = conv_and_grads(lambda a, b: concurrent_conv2d(a, b, concurrency=case["k"], **args), x, w, dy)
+    assert got[0].shape == reference[0].shape
+    close(got[0], reference[0], 1e-5)
+    close(got[1], reference[1], 1e-4)
+    close(got[2], reference[2], 1e-4)
+
+
+@pytest.mark.parametrize("padding,strides,dilations", [("same", 1, 1), ("valid", 2, 1), ("same", 1, 2), ("same", (2, 1), 1)])
+def test_conv2d_is_bitwise_identical_for_every_concurrency_and_run(rng, padding, strides, dilations):
+    x = tf.constant(rng.standard_normal((37, 12, 10, 5), np.float32))  # 37 samples: more than the 32 groups
+    w = tf.constant(rng.standard_normal((3, 3, 5, 6), np.float32))
+    dy_shape = concurrent_conv2d(x, w, strides, padding, dilations).shape
+    dy = tf.constant(rng.standard_normal(dy_shape, np.float32))
+    first = conv_and_grads(lambda a, b: concurrent_conv2d(a, b, strides, padding, dilations, concurrency=1), x, w, dy)
+    for k in (1, 2, 3, 4, 8, 64):
+        got = conv_and_grads(lambda a, b: concurrent_conv2d(a, b, strides, padding, dilations, concurrency=k), x, w, dy)
+        for expected, actual in zip(first, got):
+            assert expected.tobytes() == actual.tobytes(), f"concurrency={k} differs"
+
+
+def test_conv2d_in_a_tf_function_with_unknown_batch(rng):
+    w = tf.constant(rng.standard_normal((3, 3, 2, 4), np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 8, 8, 2], tf.float32)])
+    def run(x):
+        y = concurrent_conv2d(x, w, padding="same", concurrency=2)
+        assert y.shape.as_list() == [None, 8, 8, 4]
+        return y
+
+    x = rng.standard_normal((3, 8, 8, 2)).astype(np.float32)
+    close(run(x), tf.nn.convolution(x, w, padding="SAME"), 1e-5)
+    assert run(np.zeros((0, 8, 8, 2), np.float32)).shape == (0, 8, 8, 4)
+
+
+def test_conv2d_numerical_gradient(rng):
+    x = tf.constant(rng.standard_normal((2, 5, 4, 2)), tf.float64)
+    w = tf.constant(rng.standard_normal((2, 3, 2, 3)), tf.float64)
+
+    def f(x32, w32):
+        return concurrent_conv2d(tf.cast(x32, tf.float32), tf.cast(w32, tf.float32), strides=(2, 1), padding="same", concurrency=2)
+
+    theoretical, numerical = tf.test.compute_gradient(f, [x, w], delta=1e-2)
+    for t, n in zip(theoretical, numerical):
+        np.testing.assert_allclose(t, n, rtol=2e-2, atol=2e-2)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 70), st.integers(1, 40), st.integers(1, 20), st.booleans(), st.integers(1, 9), st.integers(0, 2**31 - 1))
+def test_matmul_matches_tensorflow(m, k, n, transpose_b, lanes, seed):
+    rng = np.random.default_rng(seed)
+    a = tf.constant(rng.standard_normal((m, k), np.float32))
+    b = tf.constant(rng.standard_normal((n, k) if transpose_b else (k, n), np.float32))
+    dy = tf.constant(rng.standard_normal((m, n), np.float32))
+    results = []
+    for fn in (lambda a, b: concurrent_matmul(a, b, transpose_b, concurrency=lanes), lambda a, b: tf.matmul(a, b, transpose_b=transpose_b)):
+        with tf.GradientTape() as tape:
+            tape.watch([a, b])
+            y = fn(a, b)
+        results.append([y] + tape.gradient(y, [a, b], output_gradients=dy))
+    close(results[0][0], results[1][0], 1e-5)
+    close(results[0][1], results[1][1], 1e-4)
+    close(results[0][2], results[1][2], 1e-4)
+
+
+def test_matmul_is_bitwise_identical_for_every_concurrency(rng):
+    a = tf.constant(rng.standard_normal((300, 70), np.float32))
+    b = tf.constant(rng.standard_normal((70, 33), np.float32))
+    dy = tf.constant(rng.standard_normal((300, 33), np.float32))
+    outputs = []
+    for k in (1, 2, 3, 5, 16, 1, 2):
+        with tf.GradientTape() as tape:
+            tape.watch([a, b])
+            y = concurrent_matmul(a, b, concurrency=k)
+        outputs.append(b"".join(t.numpy().tobytes() for t in [y] + tape.gradient(y, [a, b], output_gradients=dy)))
+    assert len(set(outputs)) == 1
+
+
+def test_fallback_gives_the_same_results(rng, native_mode):
+    x = tf.constant(rng.standard_normal((4, 9, 9, 3), np.float32))
+    w = tf.constant(rng.standard_normal((3, 3, 3, 4), np.float32))
+    dy = tf.constant(rng.standard_normal((4, 5, 5, 4), np.float32))
+    fn = lambda a, b: concurrent_conv2d(a, b, strides=2, padding="same", concurrency=3)  # noqa: E731
+    native = conv_and_grads(fn, x, w, dy)
+    native_mode("0")
+    assert not tf_glp.native_available()
+    fallback = conv_and_grads(fn, x, w, dy)
+    for n, f in zip(native, fallback):
+        close(n, f, 1e-4)
+    a = rng.standard_normal((5, 6)).astype(np.float32)
+    b = rng.standard_normal((6, 2)).astype(np.float32)
+    close(concurrent_matmul(a, b, concurrency=2), a @ b, 1e-5)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 65, 10**6, True, 2.0, "4"])
+def test_bad_concurrency_is_a_value_error_naming_it(bad):
+    x, w = tf.zeros([1, 4, 4, 1]), tf.zeros([3, 3, 1, 1])
+    with pytest.raises(ValueError, match=repr(bad) if not isinstance(bad, int) or isinstance(bad, bool) else str(bad)):
+        concurrent_conv2d(x, w, concurrency=bad)
+    with pytest.raises(ValueError, match="concurrency"):
+        concurrent_matmul(tf.zeros([2, 2]), tf.zeros([2, 2]), concurrency=bad)
+
+
+def test_native_op_checks_concurrency_itself():
+    native = _native.library()
+    if native is None:
+        pytest.skip("native library not loaded")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="got 0"):
+        native.glp_concurrent_conv2d(tf.zeros([1, 4, 4, 1]), tf.zeros([3, 3, 1, 1]), strides=[1, 1], padding="SAME", concurrency=0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="got 1000"):
+        native.glp_concurrent_mat_mul(tf.zeros([2, 2]), tf.zeros([2, 2]), concurrency=1000)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="fit in the input"):
+        native.glp_concurrent_conv2d(tf.zeros([1, 2, 2, 1]), tf.zeros([3, 3, 1, 1]), strides=[1, 1], padding="VALID")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"out_backprop must have shape \[1,4,4,1\]"):
+        native.glp_concurrent_conv2d_backprop_input([1, 4, 4, 1], tf.zeros([3, 3, 1, 1]), tf.zeros([1, 3, 3, 1]), strides=[1, 1], padding="SAME")
+
+
+@pytest.mark.parametrize(
+    "x_shape,w_shape,dtype,match",
+    [
+        ([4, 4, 1], [3, 3, 1, 1], tf.float32, "inputs must be 4-D"),
+        ([1, 4, 4, 1], [3, 3, 1], tf.float32, "filters must be 4-D"),
+        ([1, 4, 4, 2], [3, 3, 1, 1], tf.float32, "2 channels but the filters expect 1"),
+        ([1, 4, 4, 1], [3, 3, 1, 1], tf.float64, "float32, got float64"),
+        ([1, 4, 4, 1], [3, 3, 1, 1], tf.int32, "float32, got int32"),
+    ],
+)
+def test_bad_conv_input_is_an_invalid_argument_error(x_shape, w_shape, dtype, match):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+        concurrent_conv2d(tf.zeros(x_shape, dtype), tf.zeros(w_shape, dtype))
+
+
+def test_bad_conv_arguments_are_value_errors():
+    x, w = tf.zeros([1, 4, 4, 1]), tf.zeros([3, 3, 1, 1])
+    with pytest.raises(ValueError, match="'full'"):
+        concurrent_conv2d(x, w, padding="full")
+    with pytest.raises(ValueError, match=r"\(0, 1\)"):
+        concurrent_conv2d(x, w, strides=(0, 1))
+    with pytest.raises(ValueError, match=r"\[1, 2, 3\]"):
+        concurrent_conv2d(x, w, dilations=[1, 2, 3])
+
+
+def test_bad_matmul_input_is_an_invalid_argument_error():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="3 columns but b has 4 rows"):
+        concurrent_matmul(tf.zeros([2, 3]), tf.zeros([4, 5]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must be 2-D"):
+        concurrent_matmul(tf.zeros([2, 3, 1]), tf.zeros([3, 5]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="float32, got float16"):
+        concurrent_matmul(tf.zeros([2, 3], tf.float16), tf.zeros([3, 5], tf.float16))

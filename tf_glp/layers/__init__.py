@@ -1,0 +1,207 @@
+"""Keras layers whose work runs over lanes (GLP4NN layer concurrency).
+
+`tf_glp.layers.Conv2D` and `tf_glp.layers.Dense` are keras.layers.Conv2D and
+keras.layers.Dense with one more argument, `concurrency`: None runs
+TensorFlow's own kernel (exactly the Keras layer), an int k runs tf_glp's
+concurrent op over k lanes (tf_glp.ops.concurrent_conv2d / concurrent_matmul).
+Weights, their names and order are those of the Keras layers, so weights move
+freely between a Keras model and its GLP twin. `convert(model)` makes the twin
+of a whole model.
+
+Layers that the concurrent ops cannot run (channels_first, groups > 1, a
+compute dtype other than float32, LoRA or quantization) run the Keras kernel,
+whatever `concurrency` says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import keras
+import tensorflow as tf
+
+from tf_glp.ops.concurrent import check_concurrency, concurrent_conv2d, concurrent_matmul
+
+__all__ = ["Conv2D", "Dense", "convert"]
+
+
+def _checked(concurrency: int | None, layer: str) -> int | None:
+    return None if concurrency is None else check_concurrency(concurrency, layer)
+
+
+@keras.saving.register_keras_serializable(package="tf_glp")
+class Conv2D(keras.layers.Conv2D):
+    """keras.layers.Conv2D whose convolution runs over `concurrency` lanes.
+
+    Args:
+        *args: As keras.layers.Conv2D.
+        concurrency: None (default) for TensorFlow's own convolution, or the
+            number of lanes (1..64) over which the batch's samples are split.
+            Results do not depend on it (bitwise).
+        **kwargs: As keras.layers.Conv2D.
+
+    Example:
+        >>> layer = tf_glp.layers.Conv2D(32, 3, padding="same", concurrency=2)
+        >>> layer(tf.zeros([8, 32, 32, 3])).shape
+        TensorShape([8, 32, 32, 32])
+    """
+
+    def __init__(self, *args, concurrency: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.concurrency = _checked(concurrency, "tf_glp.layers.Conv2D")
+
+    def _runs_concurrently(self, inputs) -> bool:
+        return (
+            self.concurrency is not None
+            and self.data_format == "channels_last"
+            and self.groups == 1
+            and not self.lora_enabled
+            and getattr(inputs, "dtype", None) == tf.float32
+            and self.compute_dtype == "float32"
+        )
+
+    def convolution_op(self, inputs, kernel):
+        if not self._runs_concurrently(inputs):
+            return super().convolution_op(inputs, kernel)
+        return concurrent_conv2d(
+            inputs,
+            tf.convert_to_tensor(kernel),
+            strides=list(self.strides),
+            padding=self.padding,
+            dilations=list(self.dilation_rate),
+            concurrency=self.concurrency,
+        )
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config["concurrency"] = self.concurrency
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tf_glp")
+class Dense(keras.layers.Dense):
+    """keras.layers.Dense whose matrix product runs over `concurrency` lanes.
+
+    Args:
+        *args: As keras.layers.Dense.
+        concurrency: None (default) for TensorFlow's own matmul, or the number
+            of lanes (1..64) over which the batch's rows are split. Results do
+            not depend on it (bitwise).
+        **kwargs: As keras.layers.Dense.
+
+    Example:
+        >>> layer = tf_glp.layers.Dense(10, concurrency=2)
+        >>> layer(tf.zeros([32, 128])).shape
+        TensorShape([32, 10])
+    """
+
+    def __init__(self, *args, concurrency: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.concurrency = _checked(concurrency, "tf_glp.layers.Dense")
+
+    def _runs_concurrently(self, inputs) -> bool:
+        return (
+            self.concurrency is not None
+            and not self.lora_enabled
+            and not self.quantization_mode
+            and isinstance(inputs, tf.Tensor)
+            and inputs.dtype == tf.float32
+            and self.compute_dtype == "float32"
+        )
+
+    def call(self, inputs, training=None):
+        if not self._runs_concurrently(inputs):
+            return super().call(inputs, training=training)
+        kernel = tf.convert_to_tensor(self.kernel)
+        rows = inputs
+        if inputs.shape.rank != 2:
+            rows = tf.reshape(inputs, [-1, kernel.shape[0]])
+        x = concurrent_matmul(rows, kernel, concurrency=self.concurrency)
+        if inputs.shape.rank != 2:
+            x = tf.reshape(x, tf.concat([tf.shape(inputs)[:-1], [self.units]], axis=0))
+            x.set_shape(inputs.shape[:-1].concatenate([self.units]))
+        if self.bias is not None:
+            x = tf.add(x, tf.convert_to_tensor(self.bias))
+        if self.activation is not None:
+            x = self.activation(x)
+        return x
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config["concurrency"] = self.concurrency
+        return config
+
+
+_TWINS = {keras.layers.Conv2D: Conv2D, keras.layers.Dense: Dense}
+
+
+def _twin(layer: keras.layers.Layer, concurrency: int | None) -> keras.layers.Layer:
+    """A GLP layer with the layer's config that uses the layer's variables."""
+    config = layer.get_config()
+    config["concurrency"] = concurrency
+    twin = _TWINS[type(layer)].from_config(config)
+    if layer.built:
+        # Share, not copy: the twin trains the original's variables. Setting
+        # them as attributes tracks them in the same order as build() would.
+        twin._kernel = layer._kernel
+        twin.bias = layer.bias
+        twin.input_spec = layer.input_spec
+        if hasattr(layer, "_build_shapes_dict"):
+            twin._build_shapes_dict = layer._build_shapes_dict
+        twin.built = True
+    return twin
+
+
+def convert(
+    model: keras.Model,
+    concurrency: int | None | Mapping[str, int | None] = 1,
+) -> keras.Model:
+    """Swaps every Conv2D and Dense layer of a model for its GLP twin.
+
+    The new model (same architecture, built by keras.models.clone_model)
+    shares every variable with `model`: training either trains both. Other
+    layers are shared as they are. Subclasses of Conv2D/Dense and layers
+    already from tf_glp are left alone. The new model is not compiled.
+
+    Args:
+        model: A functional or Sequential Keras model.
+        concurrency: Lanes for every converted layer (int 1..64, or None for
+            TensorFlow's kernels), or a mapping from layer name to that;
+            layers missing from the mapping are not converted.
+
+    Returns:
+        The converted model.
+
+    Raises:
+        ValueError: for a bad concurrency, or a model that is not functional
+            or Sequential.
+
+    Example:
+        >>> model = keras.Sequential([keras.Input((32, 32, 3)),
+        ...     keras.layers.Conv2D(32, 3), keras.layers.Flatten(),
+        ...     keras.layers.Dense(10)])
+        >>> fast = tf_glp.layers.convert(model, concurrency=2)
+        >>> type(fast.layers[0]).__name__
+        'Conv2D'
+    """
+    if isinstance(concurrency, Mapping):
+        plan = {name: _checked(k, f"tf_glp.layers.convert (layer {name!r})") for name, k in concurrency.items()}
+    else:
+        default = _checked(concurrency, "tf_glp.layers.convert")
+        plan = None
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"tf_glp.layers.convert: needs a functional or Sequential Keras model, got {type(model).__name__}")
+
+    def clone(layer: keras.layers.Layer) -> keras.layers.Layer:
+        if type(layer) not in _TWINS:
+            return layer
+        if plan is None:
+            return _twin(layer, default)
+        if layer.name not in plan:
+            return layer
+        return _twin(layer, plan[layer.name])
+
+    try:
+        return keras.models.clone_model(model, clone_function=clone)
+    except ValueError as error:  # e.g. a subclassed model
+        raise ValueError(f"tf_glp.layers.convert: cannot convert {type(model).__name__} (needs a functional or Sequential model): {error}") from error
