@@ -35,7 +35,7 @@ std::string HostReduce(const HostReduceSpec& spec, const ParallelRunner& runner,
 
 // Below this many bytes moved, work runs on the calling thread: waking other
 // threads costs more than it saves.
-constexpr int64_t kSerialBytesThreshold = 256 << 10;
+constexpr int64_t kSerialBytesThreshold = 1 << 20;
 // Elements per task handed to the runner (a multiple of every vector width).
 constexpr int64_t kElementsPerTask = 16 << 10;
 
