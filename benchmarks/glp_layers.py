@@ -1,0 +1,161 @@
+"""Forward + backward time of Keras' native Conv2D/Dense against tf_glp's
+concurrent layers at k = 1, 2, 4 lanes, measured in one run (issue 5).
+
+Layers: a small quickstart CNN (Conv2D 32 3x3 on 32x32x3 -> pool -> Conv2D 64
+3x3 -> pool -> Dense 128 -> Dense 10) and a VGG-style block (Conv2D 64 3x3
+"same" on 32x32x64), at batch 8, 32 and 128. Each step computes the layer's
+output and the gradients of its weights (and of its input, except for the
+first layer of the network, whose input is data), inside tf.function, the
+way model.fit runs it. Prints a Markdown table: median milliseconds per step
+and the ratios "k best / k1" (speed-up from lanes) and "native / GLP best"
+(above 1: GLP faster).
+
+Usage:
+    python benchmarks/glp_layers.py [--reps N] [--results benchmarks/RESULTS.md]
+With --results the table replaces (or appends) the section
+"## GLP layers (issue 5)" of that file; other sections are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import statistics
+import subprocess
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tf_glp  # noqa: E402
+from tf_glp import layers as glp_layers  # noqa: E402
+
+SECTION = "## GLP layers (issue 5)"
+LANES = (1, 2, 4)
+BATCHES = (8, 32, 128)
+
+# name, input shape (without batch), layer factory args, needs input gradient
+LAYERS = [
+    ("quickstart conv1 32x32x3 -> 32 3x3", (32, 32, 3), ("conv", dict(filters=32, kernel_size=3, activation="relu")), False),
+    ("quickstart conv2 15x15x32 -> 64 3x3", (15, 15, 32), ("conv", dict(filters=64, kernel_size=3, activation="relu")), True),
+    ("quickstart dense 2304 -> 128", (2304,), ("dense", dict(units=128, activation="relu")), True),
+    ("quickstart dense 128 -> 10", (128,), ("dense", dict(units=10)), True),
+    ("VGG block conv 32x32x64 -> 64 3x3 same", (32, 32, 64), ("conv", dict(filters=64, kernel_size=3, padding="same", activation="relu")), True),
+]
+
+
+def make_layer(kind: str, kwargs: dict, concurrency: int | None, native: bool):
+    if kind == "conv":
+        return keras.layers.Conv2D(**kwargs) if native else glp_layers.Conv2D(**kwargs, concurrency=concurrency)
+    return keras.layers.Dense(**kwargs) if native else glp_layers.Dense(**kwargs, concurrency=concurrency)
+
+
+def time_step(layer, x: tf.Tensor, input_grad: bool, reps: int, weights) -> float:
+    layer.build(x.shape)
+    layer.set_weights(weights)
+    dy = tf.random.stateless_normal(layer.compute_output_shape(x.shape), seed=[1, 2])
+
+    @tf.function
+    def step(x, dy):
+        with tf.GradientTape() as tape:
+            if input_grad:
+                tape.watch(x)
+            y = layer(x)
+        sources = ([x] if input_grad else []) + layer.trainable_weights
+        return tape.gradient(y, sources, output_gradients=dy)
+
+    for _ in range(2):  # trace and warm up
+        [g.numpy() for g in step(x, dy)]
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        [g.numpy() for g in step(x, dy)]
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e3
+
+
+def reps_for(batch: int, name: str) -> int:
+    heavy = "VGG" in name or "conv2" in name
+    return 5 if batch == 128 and heavy else 9 if batch >= 32 else 15
+
+
+def machine() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        model = re.search(r"Model name:\s*(.+)", out).group(1).strip()
+    except (OSError, AttributeError):
+        model = platform.processor() or "unknown CPU"
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def run(reps_override: int | None) -> str:
+    rows = []
+    for name, shape, (kind, kwargs), input_grad in LAYERS:
+        for batch in BATCHES:
+            rng = np.random.default_rng(0)
+            x = tf.constant(rng.standard_normal((batch, *shape)).astype(np.float32))
+            reference = make_layer(kind, kwargs, None, native=True)
+            reference.build(x.shape)
+            weights = reference.get_weights()
+            reps = reps_override or reps_for(batch, name)
+            native_ms = time_step(reference, x, input_grad, reps, weights)
+            glp_ms = {k: time_step(make_layer(kind, kwargs, k, native=False), x, input_grad, reps, weights) for k in LANES}
+            best_k = min(glp_ms, key=glp_ms.get)
+            rows.append(
+                f"| {name} | {batch} | {native_ms:.2f} | "
+                + " | ".join(f"{glp_ms[k]:.2f}" for k in LANES)
+                + f" | {best_k} | {glp_ms[1] / glp_ms[best_k]:.2f}x | {native_ms / glp_ms[best_k]:.2f}x |"
+            )
+            print(rows[-1], flush=True)
+    header = (
+        "| layer (fwd+bwd) | batch | Keras native ms | GLP k=1 ms | GLP k=2 ms | GLP k=4 ms | best k | k best / k1 | native / GLP best |\n"
+        "|---|---|---|---|---|---|---|---|---|"
+    )
+    return header + "\n" + "\n".join(rows)
+
+
+def write_section(path: str, body: str) -> None:
+    text = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
+    start = text.find(SECTION)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + body + "\n"
+    else:
+        nxt = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + body + ("\n" + text[nxt + 1:] if nxt >= 0 else "\n")
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=None, help="timed steps per measurement (default: by size)")
+    parser.add_argument("--results", default=None, help="write the table into this RESULTS.md")
+    args = parser.parse_args()
+    start = time.time()
+    status = tf_glp.native_available()
+    info = f"Machine: {machine()}. Date: {datetime.date.today().isoformat()}. TensorFlow {tf.__version__}, Keras {keras.__version__}. tf_glp: {status}."
+    print(info, flush=True)
+    table = run(args.reps)
+    elapsed = time.time() - start
+    print(f"\n{table}\n\n({elapsed:.0f} s)")
+    if args.results:
+        body = (
+            f"{SECTION}\n\n{info}\n\n"
+            "Command: `python benchmarks/glp_layers.py --results benchmarks/RESULTS.md` "
+            f"({elapsed:.0f} s). Median ms per forward+backward step inside tf.function "
+            "(weight gradients, plus the input gradient except for the first layer); "
+            "\"k best / k1\": speed-up from lanes; \"native / GLP best\": above 1 means the GLP layer is faster "
+            "than Keras' native one (oneDNN on this CPU).\n\n" + table + "\n"
+        )
+        write_section(args.results, body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,442 @@
+// CUDA lane pool, GEMM (cuBLAS through dlopen, or a built-in kernel) and the
+// concurrent conv / matmul drivers. See lane_pool_cuda.h.
+#include "cc/cuda/lane_pool_cuda.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace tf_glp::cuda {
+namespace {
+
+// --- cuBLAS, loaded at run time ---------------------------------------------
+// TensorFlow's pip CUDA packages (nvidia-cublas-cu12) install libcublas; when
+// TensorFlow runs on a GPU it has loaded it already. Declared here by hand so
+// that no cuBLAS header is needed to build.
+using BlasStatus = int;
+using BlasCreate = BlasStatus (*)(void**);
+using BlasSetStream = BlasStatus (*)(void*, cudaStream_t);
+using BlasSetWorkspace = BlasStatus (*)(void*, void*, size_t);
+using BlasSetMathMode = BlasStatus (*)(void*, int);
+using BlasSgemm = BlasStatus (*)(void*, int, int, int, int, int, const float*,
+                                 const float*, int, const float*, int,
+                                 const float*, float*, int);
+constexpr int kBlasOpN = 0, kBlasOpT = 1;
+constexpr int kBlasDefaultMath = 0;  // no TF32: float32 results
+constexpr size_t kBlasWorkspaceBytes = size_t{4} << 20;
+
+struct Cublas {
+  bool loaded = false;
+  std::string name;
+  BlasCreate create = nullptr;
+  BlasSetStream set_stream = nullptr;
+  BlasSetWorkspace set_workspace = nullptr;
+  BlasSetMathMode set_math_mode = nullptr;
+  BlasSgemm sgemm = nullptr;
+};
+
+const Cublas& GetCublas() {
+  static const Cublas* blas = [] {
+    auto* b = new Cublas;
+    for (const char* name : {"libcublas.so.12", "libcublas.so.13", "libcublas.so"}) {
+      void* lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (lib == nullptr) continue;
+      b->create = reinterpret_cast<BlasCreate>(dlsym(lib, "cublasCreate_v2"));
+      b->set_stream = reinterpret_cast<BlasSetStream>(dlsym(lib, "cublasSetStream_v2"));
+      b->set_workspace = reinterpret_cast<BlasSetWorkspace>(dlsym(lib, "cublasSetWorkspace_v2"));
+      b->set_math_mode = reinterpret_cast<BlasSetMathMode>(dlsym(lib, "cublasSetMathMode"));
+      b->sgemm = reinterpret_cast<BlasSgemm>(dlsym(lib, "cublasSgemm_v2"));
+      if (b->create && b->set_stream && b->set_workspace && b->set_math_mode && b->sgemm) {
+        b->loaded = true;
+        b->name = name;
+        break;
+      }
+    }
+    return b;
+  }();
+  return *blas;
+}
+
+std::string CudaError(const char* what, cudaError_t status) {
+  return std::string(what) + " failed: " + cudaGetErrorString(status);
+}
+
+#define TF_GLP_CUDA_RETURN_IF_ERROR(call)                      \
+  do {                                                         \
+    const cudaError_t tf_glp_status = (call);                  \
+    if (tf_glp_status != cudaSuccess) return CudaError(#call, tf_glp_status); \
+  } while (0)
+
+// --- kernels -----------------------------------------------------------------
+
+constexpr int kTile = 16;
+
+// Built-in GEMM: one thread per C element, the in-order sum of
+// Note [GEMM determinism] (with FMA), through shared-memory tiles.
+__global__ void TiledGemmKernel(core::GemmArgs g) {
+  __shared__ float a_tile[kTile][kTile + 1];
+  __shared__ float b_tile[kTile][kTile + 1];
+  const int64_t row = static_cast<int64_t>(blockIdx.y) * kTile + threadIdx.y;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.x;
+  float acc = (g.accumulate && row < g.m && col < g.n) ? g.c[row * g.ldc + col] : 0.0f;
+  for (int64_t p0 = 0; p0 < g.k; p0 += kTile) {
+    const int64_t pa = p0 + threadIdx.x;  // A(row, pa)
+    const int64_t pb = p0 + threadIdx.y;  // B(pb, col)
+    a_tile[threadIdx.y][threadIdx.x] =
+        (row < g.m && pa < g.k) ? (g.transpose_a ? g.a[pa * g.lda + row] : g.a[row * g.lda + pa]) : 0.0f;
+    b_tile[threadIdx.y][threadIdx.x] =
+        (pb < g.k && col < g.n) ? (g.transpose_b ? g.b[col * g.ldb + pb] : g.b[pb * g.ldb + col]) : 0.0f;
+    __syncthreads();
+    const int64_t steps = g.k - p0 < kTile ? g.k - p0 : kTile;
+    for (int64_t p = 0; p < steps; ++p) acc = fmaf(a_tile[threadIdx.y][p], b_tile[p][threadIdx.x], acc);
+    __syncthreads();
+  }
+  if (row < g.m && col < g.n) g.c[row * g.ldc + col] = acc;
+}
+
+__global__ void Im2ColKernel(core::Conv2DShape s, const float* sample, float* col) {
+  const int64_t patch = (s.filter_h * s.filter_w * s.in_c);
+  const int64_t total = (s.out_h * s.out_w) * patch;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t p = i / patch, e = i % patch;
+    const int64_t c = e % s.in_c, kw = (e / s.in_c) % s.filter_w, kh = e / (s.in_c * s.filter_w);
+    const int64_t oh = p / s.out_w, ow = p % s.out_w;
+    const int64_t ih = oh * s.stride_h - s.pad_top + kh * s.dilation_h;
+    const int64_t iw = ow * s.stride_w - s.pad_left + kw * s.dilation_w;
+    col[i] = (ih >= 0 && ih < s.in_h && iw >= 0 && iw < s.in_w) ? sample[(ih * s.in_w + iw) * s.in_c + c] : 0.0f;
+  }
+}
+
+// Gather form of col2im: one thread per input element sums the patch
+// entries that came from it, in (kh, kw) order. No atomics: deterministic.
+__global__ void Col2ImKernel(core::Conv2DShape s, const float* col, float* sample) {
+  const int64_t total = (s.in_h * s.in_w * s.in_c);
+  const int64_t patch = (s.filter_h * s.filter_w * s.in_c);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = i % s.in_c, iw = (i / s.in_c) % s.in_w, ih = i / (s.in_c * s.in_w);
+    float acc = 0.0f;
+    for (int64_t kh = 0; kh < s.filter_h; ++kh) {
+      const int64_t y = ih + s.pad_top - kh * s.dilation_h;
+      if (y < 0 || y % s.stride_h != 0 || y / s.stride_h >= s.out_h) continue;
+      for (int64_t kw = 0; kw < s.filter_w; ++kw) {
+        const int64_t x = iw + s.pad_left - kw * s.dilation_w;
+        if (x < 0 || x % s.stride_w != 0 || x / s.stride_w >= s.out_w) continue;
+        const int64_t p = (y / s.stride_h) * s.out_w + x / s.stride_w;
+        acc += col[p * patch + (kh * s.filter_w + kw) * s.in_c + c];
+      }
+    }
+    sample[i] = acc;
+  }
+}
+
+__global__ void SumPartialsKernel(const float* partials, int64_t groups, int64_t count, float* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float acc = partials[i];
+    for (int64_t g = 1; g < groups; ++g) acc += partials[g * count + i];
+    out[i] = acc;
+  }
+}
+
+__global__ void BiasAddKernel(float* out, const float* bias, int64_t total, int64_t channels) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] += bias[i % channels];
+  }
+}
+
+__global__ void BiasGradKernel(const float* dy, float* grad, int64_t rows, int64_t channels) {
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < channels;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) acc += dy[r * channels + c];
+    grad[c] = acc;
+  }
+}
+
+int Blocks(int64_t total) {
+  return static_cast<int>(std::min<int64_t>((total + 255) / 256, 4096));
+}
+
+// Runs body(lane, item) for every item, item i on lane i % num_lanes, between
+// a fork from and a join back to `stream`.
+template <class Body>
+std::string OnLanes(int device, cudaStream_t stream, int num_lanes, int64_t items, Body body) {
+  std::string error = core::CheckLaneCount(num_lanes);
+  if (!error.empty()) return error;
+  StreamPool* pool = StreamPool::ForDevice(device, &error);
+  if (pool == nullptr) return error;
+  const int lanes = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_lanes, items)));
+  error = pool->EnsureLanes(lanes);
+  if (!error.empty()) return error;
+  error = pool->Fork(stream, lanes);
+  if (!error.empty()) return error;
+  std::string first_error;
+  for (int64_t item = 0; item < items; ++item) {
+    const int lane = static_cast<int>(item % lanes);
+    error = body(pool->lane(lane), lane, item);
+    if (!error.empty()) {
+      first_error = error;
+      break;
+    }
+  }
+  // Join even after an error, so the op's stream never runs ahead of work
+  // already enqueued on the lanes.
+  error = pool->Join(stream, lanes);
+  return first_error.empty() ? error : first_error;
+}
+
+}  // namespace
+
+bool CublasAvailable(std::string* which) {
+  const Cublas& blas = GetCublas();
+  if (which != nullptr) *which = blas.loaded ? blas.name : "built-in tiled GEMM";
+  return blas.loaded;
+}
+
+StreamPool* StreamPool::ForDevice(int device, std::string* error) {
+  static std::once_flag once;
+  static int device_count = 0;
+  static std::unique_ptr<std::once_flag[]> flags;
+  static std::unique_ptr<StreamPool*[]> pools;
+  static cudaError_t count_status = cudaSuccess;
+  std::call_once(once, [] {
+    count_status = cudaGetDeviceCount(&device_count);
+    if (count_status != cudaSuccess) device_count = 0;
+    flags.reset(new std::once_flag[std::max(device_count, 1)]);
+    pools.reset(new StreamPool*[std::max(device_count, 1)]());
+  });
+  if (count_status != cudaSuccess) {
+    *error = CudaError("cudaGetDeviceCount", count_status);
+    return nullptr;
+  }
+  if (device < 0 || device >= device_count) {
+    *error = "no CUDA device " + std::to_string(device) + " (" + std::to_string(device_count) + " present)";
+    return nullptr;
+  }
+  std::call_once(flags[device], [device] { pools[device] = new StreamPool(device); });
+  return pools[device];
+}
+
+std::string StreamPool::EnsureLanes(int num_lanes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (num_lanes <= created_) return "";
+  int previous = 0;
+  TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
+  TF_GLP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  const Cublas& blas = GetCublas();
+  std::string error;
+  for (; created_ < num_lanes && error.empty(); ++created_) {
+    Lane& lane = lanes_[created_];
+    cudaError_t status = cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking);
+    if (status != cudaSuccess) {
+      error = CudaError("cudaStreamCreateWithFlags", status);
+      break;
+    }
+    if (blas.loaded) {
+      void* handle = nullptr;
+      if (blas.create(&handle) == 0 && blas.set_stream(handle, lane.stream) == 0 &&
+          blas.set_math_mode(handle, kBlasDefaultMath) == 0 &&
+          cudaMalloc(&lane.blas_workspace, kBlasWorkspaceBytes) == cudaSuccess &&
+          blas.set_workspace(handle, lane.blas_workspace, kBlasWorkspaceBytes) == 0) {
+        lane.blas = handle;
+      } else {
+        error = "creating the cuBLAS handle of lane " + std::to_string(created_) + " failed";
+      }
+    }
+  }
+  cudaSetDevice(previous);
+  return error;
+}
+
+std::string StreamPool::Fork(cudaStream_t parent, int num_lanes) {
+  cudaEvent_t ready;
+  TF_GLP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  TF_GLP_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready, parent));
+  for (int i = 0; i < num_lanes; ++i) {
+    TF_GLP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lanes_[i].stream, ready, 0));
+  }
+  // Released once recorded work completes; the waits already hold it.
+  TF_GLP_CUDA_RETURN_IF_ERROR(cudaEventDestroy(ready));
+  return "";
+}
+
+std::string StreamPool::Join(cudaStream_t parent, int num_lanes) {
+  for (int i = 0; i < num_lanes; ++i) {
+    cudaEvent_t done;
+    TF_GLP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    TF_GLP_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, lanes_[i].stream));
+    TF_GLP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(parent, done, 0));
+    TF_GLP_CUDA_RETURN_IF_ERROR(cudaEventDestroy(done));
+  }
+  return "";
+}
+
+std::string LaneGemm(Lane& lane, const core::GemmArgs& g, bool force_builtin) {
+  if (g.m <= 0 || g.n <= 0) return "";
+  const Cublas& blas = GetCublas();
+  if (lane.blas != nullptr && !force_builtin && g.k > 0) {
+    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+    const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
+    const BlasStatus status = blas.sgemm(
+        lane.blas, g.transpose_b ? kBlasOpT : kBlasOpN, g.transpose_a ? kBlasOpT : kBlasOpN,
+        static_cast<int>(g.n), static_cast<int>(g.m), static_cast<int>(g.k), &alpha, g.b,
+        static_cast<int>(g.ldb), g.a, static_cast<int>(g.lda), &beta, g.c, static_cast<int>(g.ldc));
+    if (status != 0) return "cublasSgemm failed with status " + std::to_string(status);
+    return "";
+  }
+  const dim3 block(kTile, kTile);
+  const dim3 grid(static_cast<unsigned>((g.n + kTile - 1) / kTile), static_cast<unsigned>((g.m + kTile - 1) / kTile));
+  TiledGemmKernel<<<grid, block, 0, lane.stream>>>(g);
+  TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return "";
+}
+
+std::string Conv2DForward(const core::Conv2DShape& s, const float* input, const float* filter,
+                          float* output, int num_lanes, float* workspace, cudaStream_t stream,
+                          int device) {
+  const int64_t col_size = s.OutputPixels() * s.PatchSize();
+  return OnLanes(device, stream, num_lanes, s.batch, [&](Lane& lane, int index, int64_t n) -> std::string {
+    const float* sample = input + n * s.InputSampleElements();
+    const float* col = sample;
+    if (!s.IsPointwise()) {
+      float* own = workspace + index * col_size;
+      Im2ColKernel<<<Blocks(col_size), 256, 0, lane.stream>>>(s, sample, own);
+      TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+      col = own;
+    }
+    core::GemmArgs g;
+    g.m = s.OutputPixels(), g.n = s.out_c, g.k = s.PatchSize();
+    g.a = col, g.lda = s.PatchSize();
+    g.b = filter, g.ldb = s.out_c;
+    g.c = output + n * s.OutputSampleElements(), g.ldc = s.out_c;
+    return LaneGemm(lane, g);
+  });
+}
+
+std::string Conv2DBackpropInput(const core::Conv2DShape& s, const float* filter,
+                                const float* output_grad, float* input_grad, int num_lanes,
+                                float* workspace, cudaStream_t stream, int device) {
+  const int64_t col_size = s.OutputPixels() * s.PatchSize();
+  return OnLanes(device, stream, num_lanes, s.batch, [&](Lane& lane, int index, int64_t n) -> std::string {
+    float* sample_grad = input_grad + n * s.InputSampleElements();
+    core::GemmArgs g;  // dcol = dy[n] filter^T
+    g.transpose_b = true;
+    g.m = s.OutputPixels(), g.n = s.PatchSize(), g.k = s.out_c;
+    g.a = output_grad + n * s.OutputSampleElements(), g.lda = s.out_c;
+    g.b = filter, g.ldb = s.out_c;
+    g.ldc = s.PatchSize();
+    if (s.IsPointwise()) {
+      g.c = sample_grad;
+      return LaneGemm(lane, g);
+    }
+    float* col = workspace + index * col_size;
+    g.c = col;
+    std::string error = LaneGemm(lane, g);
+    if (!error.empty()) return error;
+    Col2ImKernel<<<Blocks(s.InputSampleElements()), 256, 0, lane.stream>>>(s, col, sample_grad);
+    TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return "";
+  });
+}
+
+std::string Conv2DBackpropFilter(const core::Conv2DShape& s, const float* input,
+                                 const float* output_grad, float* filter_grad, int num_lanes,
+                                 float* workspace, cudaStream_t stream, int device) {
+  const int64_t col_size = s.OutputPixels() * s.PatchSize();
+  const int64_t groups = core::FilterGradGroups(s);
+  float* partials = groups > 1 ? workspace + core::Conv2DForwardWorkspace(s, num_lanes) : filter_grad;
+  std::string error = OnLanes(device, stream, num_lanes, groups, [&](Lane& lane, int index, int64_t group) -> std::string {
+    const int64_t first = core::SplitPoint(s.batch, groups, group);
+    const int64_t last = core::SplitPoint(s.batch, groups, group + 1);
+    for (int64_t n = first; n < last; ++n) {
+      const float* sample = input + n * s.InputSampleElements();
+      const float* col = sample;
+      if (!s.IsPointwise()) {
+        float* own = workspace + index * col_size;
+        Im2ColKernel<<<Blocks(col_size), 256, 0, lane.stream>>>(s, sample, own);
+        TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+        col = own;
+      }
+      core::GemmArgs g;  // partial (+)= col^T dy[n]
+      g.transpose_a = true;
+      g.m = s.PatchSize(), g.n = s.out_c, g.k = s.OutputPixels();
+      g.a = col, g.lda = s.PatchSize();
+      g.b = output_grad + n * s.OutputSampleElements(), g.ldb = s.out_c;
+      g.c = partials + group * s.FilterElements(), g.ldc = s.out_c;
+      g.accumulate = n > first;
+      std::string gemm_error = LaneGemm(lane, g);
+      if (!gemm_error.empty()) return gemm_error;
+    }
+    return "";
+  });
+  if (!error.empty() || groups == 1) return error;
+  SumPartialsKernel<<<Blocks(s.FilterElements()), 256, 0, stream>>>(partials, groups, s.FilterElements(), filter_grad);
+  TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return "";
+}
+
+std::string MatMul(int64_t m, int64_t n, int64_t k, const float* a, const float* b,
+                   bool transpose_b, float* c, int num_lanes, cudaStream_t stream, int device) {
+  if (m <= 0 || n <= 0) return "";
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(num_lanes, (m + 15) / 16));
+  return OnLanes(device, stream, num_lanes, blocks, [&](Lane& lane, int, int64_t block) -> std::string {
+    const int64_t first = core::SplitPoint(m, blocks, block);
+    const int64_t last = core::SplitPoint(m, blocks, block + 1);
+    core::GemmArgs g;
+    g.transpose_b = transpose_b;
+    g.m = last - first, g.n = n, g.k = k;
+    g.a = a + first * k, g.lda = k;
+    g.b = b, g.ldb = transpose_b ? k : n;
+    g.c = c + first * n, g.ldc = n;
+    return LaneGemm(lane, g);
+  });
+}
+
+std::string MatMulGradWeights(int64_t m, int64_t k, int64_t n, const float* a,
+                              const float* output_grad, float* grad_weights, int num_lanes,
+                              float* workspace, cudaStream_t stream, int device) {
+  if (k <= 0 || n <= 0) return "";
+  if (m <= 0) {
+    TF_GLP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(grad_weights, 0, sizeof(float) * k * n, stream));
+    return "";
+  }
+  const int64_t groups = core::MatMulGradGroups(m, k, n);
+  float* partials = groups > 1 ? workspace : grad_weights;
+  std::string error = OnLanes(device, stream, num_lanes, groups, [&](Lane& lane, int, int64_t group) -> std::string {
+    const int64_t first = core::SplitPoint(m, groups, group);
+    const int64_t last = core::SplitPoint(m, groups, group + 1);
+    core::GemmArgs g;
+    g.transpose_a = true;
+    g.m = k, g.n = n, g.k = last - first;
+    g.a = a + first * k, g.lda = k;
+    g.b = output_grad + first * n, g.ldb = n;
+    g.c = partials + group * k * n, g.ldc = n;
+    return LaneGemm(lane, g);
+  });
+  if (!error.empty() || groups == 1) return error;
+  SumPartialsKernel<<<Blocks(k * n), 256, 0, stream>>>(partials, groups, k * n, grad_weights);
+  TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return "";
+}
+
+std::string BiasAdd(float* out, const float* bias, int64_t rows, int64_t channels, cudaStream_t stream) {
+  if (rows <= 0 || channels <= 0) return "";
+  BiasAddKernel<<<Blocks(rows * channels), 256, 0, stream>>>(out, bias, rows * channels, channels);
+  TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return "";
+}
+
+std::string BiasGrad(const float* dy, float* grad, int64_t rows, int64_t channels, cudaStream_t stream) {
+  if (channels <= 0) return "";
+  BiasGradKernel<<<Blocks(channels), 256, 0, stream>>>(dy, grad, rows, channels);
+  TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return "";
+}
+
+}  // namespace tf_glp::cuda

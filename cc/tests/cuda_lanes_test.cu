@@ -1,0 +1,316 @@
+// GPU checks of the CUDA lane pool and the concurrent conv / matmul kernels
+// (cc/cuda/lane_pool_cuda.h), built and run by tools/gpu_check.sh with nvcc
+// alone (no TensorFlow). Checks behaviour (pool reuse, fork/join ordering,
+// results against the CPU core, bitwise equality across lane counts, cuBLAS
+// against the built-in GEMM), then prints a timing table. Not part of the op
+// library (setup.py compiles cc/cuda/*.cu only) nor of CMake's tests.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cc/core/conv.h"
+#include "cc/core/lane_pool.h"
+#include "cc/core/matmul.h"
+#include "cc/cuda/lane_pool_cuda.h"
+#include "cc/tests/test_main.h"
+
+namespace tf_glp::cuda {
+namespace {
+
+#define CHECK_CUDA(call) EXPECT_EQ(std::string(cudaGetErrorString(call)), std::string("no error"))
+#define CHECK_OK(expr) EXPECT_EQ(std::string(expr), std::string(""))
+
+std::vector<float> Random(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+struct DeviceBuffer {
+  float* ptr = nullptr;
+  int64_t size = 0;
+  explicit DeviceBuffer(int64_t n) : size(std::max<int64_t>(n, 1)) { cudaMalloc(&ptr, sizeof(float) * size); }
+  DeviceBuffer(const std::vector<float>& host) : DeviceBuffer(static_cast<int64_t>(host.size())) {
+    cudaMemcpy(ptr, host.data(), sizeof(float) * host.size(), cudaMemcpyHostToDevice);
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  std::vector<float> Get(int64_t n) const {
+    std::vector<float> host(n);
+    cudaMemcpy(host.data(), ptr, sizeof(float) * n, cudaMemcpyDeviceToHost);
+    return host;
+  }
+};
+
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, float rtol) {
+  float scale = 1.0f;
+  for (float w : want) scale = std::max(scale, std::fabs(w));
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!(std::fabs(got[i] - want[i]) <= rtol * scale)) {
+      throw testing::Failure("element " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " +
+                             std::to_string(want[i]));
+    }
+  }
+}
+
+TEST(PoolIsPerDeviceLazyAndReused) {
+  std::string error;
+  StreamPool* pool = StreamPool::ForDevice(0, &error);
+  EXPECT_TRUE(pool != nullptr);
+  EXPECT_TRUE(StreamPool::ForDevice(0, &error) == pool);
+  CHECK_OK(pool->EnsureLanes(4));
+  EXPECT_TRUE(pool->created_lanes() >= 4);
+  const cudaStream_t first = pool->lane(0).stream;
+  CHECK_OK(pool->EnsureLanes(2));  // never shrinks or recreates
+  EXPECT_TRUE(pool->lane(0).stream == first);
+  for (int i = 0; i < 4; ++i) {
+    for (int j = i + 1; j < 4; ++j) EXPECT_TRUE(pool->lane(i).stream != pool->lane(j).stream);
+  }
+  EXPECT_TRUE(StreamPool::ForDevice(1 << 20, &error) == nullptr);
+  EXPECT_TRUE(error.find("no CUDA device") != std::string::npos);
+}
+
+__global__ void SlowWrite(float* flag, float value) {
+  const long long start = clock64();
+  while (clock64() - start < 50000000) {
+  }
+  *flag = value;
+}
+
+__global__ void CopyFlag(const float* flag, float* out, int index) { out[index] = *flag; }
+
+TEST(ForkAndJoinKeepStreamOrder) {
+  std::string error;
+  StreamPool* pool = StreamPool::ForDevice(0, &error);
+  CHECK_OK(pool->EnsureLanes(8));
+  cudaStream_t parent;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&parent, cudaStreamNonBlocking));
+  DeviceBuffer flag(1), seen(8), after(1);
+  CHECK_CUDA(cudaMemset(flag.ptr, 0, sizeof(float)));
+  SlowWrite<<<1, 1, 0, parent>>>(flag.ptr, 1.0f);  // the lanes must wait for it
+  CHECK_OK(pool->Fork(parent, 8));
+  for (int i = 0; i < 8; ++i) {
+    SlowWrite<<<1, 1, 0, pool->lane(i).stream>>>(seen.ptr + i, 0.0f);  // keep the lane busy
+    CopyFlag<<<1, 1, 0, pool->lane(i).stream>>>(flag.ptr, seen.ptr, i);
+  }
+  CHECK_OK(pool->Join(parent, 8));
+  SlowWrite<<<1, 1, 0, parent>>>(flag.ptr, 2.0f);  // must run after every lane read 1
+  CopyFlag<<<1, 1, 0, parent>>>(flag.ptr, after.ptr, 0);
+  CHECK_CUDA(cudaStreamSynchronize(parent));
+  for (float v : seen.Get(8)) EXPECT_EQ(v, 1.0f);
+  EXPECT_EQ(after.Get(1)[0], 2.0f);
+  cudaStreamDestroy(parent);
+}
+
+struct ConvResults {
+  std::vector<float> y, dx, dw;
+};
+
+ConvResults RunGpuConv(const core::Conv2DShape& s, const std::vector<float>& x, const std::vector<float>& w,
+                       const std::vector<float>& dy, int lanes) {
+  DeviceBuffer dx_in(x), dw_in(w), ddy(dy);
+  DeviceBuffer y(s.batch * s.OutputSampleElements()), dx(x.size()), dw(w.size());
+  const int64_t ws = std::max({core::Conv2DForwardWorkspace(s, lanes), core::Conv2DBackpropInputWorkspace(s, lanes),
+                               core::Conv2DBackpropFilterWorkspace(s, lanes)});
+  DeviceBuffer workspace(ws);
+  CHECK_OK(Conv2DForward(s, dx_in.ptr, dw_in.ptr, y.ptr, lanes, workspace.ptr, nullptr, 0));
+  CHECK_OK(Conv2DBackpropInput(s, dw_in.ptr, ddy.ptr, dx.ptr, lanes, workspace.ptr, nullptr, 0));
+  CHECK_OK(Conv2DBackpropFilter(s, dx_in.ptr, ddy.ptr, dw.ptr, lanes, workspace.ptr, nullptr, 0));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  return {y.Get(s.batch * s.OutputSampleElements()), dx.Get(x.size()), dw.Get(w.size())};
+}
+
+void CheckConvShape(core::Conv2DShape s, bool same, uint32_t seed) {
+  EXPECT_EQ(core::MakeConv2DShape(same, &s), std::string(""));
+  auto x = Random(s.batch * s.InputSampleElements(), seed);
+  auto w = Random(s.FilterElements(), seed + 1);
+  auto dy = Random(s.batch * s.OutputSampleElements(), seed + 2);
+  // CPU core reference.
+  const core::CpuLanePool& cpu = core::CpuLanePool::Global();
+  std::vector<float> y(dy.size()), dx(x.size()), dw(w.size());
+  std::vector<float> ws(std::max({core::Conv2DForwardWorkspace(s, 1), core::Conv2DBackpropFilterWorkspace(s, 1), int64_t{1}}));
+  core::Conv2DForward(s, x.data(), w.data(), y.data(), 1, ws.data(), cpu);
+  core::Conv2DBackpropInput(s, w.data(), dy.data(), dx.data(), 1, ws.data(), cpu);
+  core::Conv2DBackpropFilter(s, x.data(), dy.data(), dw.data(), 1, ws.data(), cpu);
+  ConvResults first = RunGpuConv(s, x, w, dy, 1);
+  ExpectClose(first.y, y, 1e-5f);
+  ExpectClose(first.dx, dx, 1e-4f);
+  ExpectClose(first.dw, dw, 1e-4f);
+  for (int lanes : {2, 3, 8, 1}) {
+    ConvResults again = RunGpuConv(s, x, w, dy, lanes);
+    EXPECT_TRUE(std::memcmp(again.y.data(), first.y.data(), 4 * y.size()) == 0);
+    EXPECT_TRUE(std::memcmp(again.dx.data(), first.dx.data(), 4 * dx.size()) == 0);
+    EXPECT_TRUE(std::memcmp(again.dw.data(), first.dw.data(), 4 * dw.size()) == 0);
+  }
+}
+
+TEST(ConvMatchesCpuAndIsBitwiseTheSameForEveryLaneCount) {
+  core::Conv2DShape s;
+  s.batch = 7, s.in_h = 13, s.in_w = 11, s.in_c = 3, s.filter_h = 3, s.filter_w = 3, s.out_c = 8;
+  CheckConvShape(s, true, 1);
+  CheckConvShape(s, false, 2);
+  s.stride_h = 2, s.stride_w = 2;
+  CheckConvShape(s, true, 3);
+  s.stride_h = 1, s.stride_w = 1, s.dilation_h = 2, s.dilation_w = 3;
+  CheckConvShape(s, true, 4);
+  s.dilation_h = 1, s.dilation_w = 1, s.filter_h = 1, s.filter_w = 1;  // pointwise
+  CheckConvShape(s, false, 5);
+  s.batch = 40, s.filter_h = 5, s.filter_w = 5;  // more samples than groups
+  CheckConvShape(s, true, 6);
+}
+
+TEST(MatMulMatchesCpuAndIsBitwiseTheSameForEveryLaneCount) {
+  const int64_t m = 130, k = 70, n = 33;
+  auto a = Random(m * k, 1), w = Random(k * n, 2), dy = Random(m * n, 3);
+  const core::CpuLanePool& cpu = core::CpuLanePool::Global();
+  std::vector<float> y(m * n), dx(m * k), dw(k * n), ws(core::MatMulGradWeightsWorkspace(m, k, n) + 1);
+  core::ConcurrentMatMul(m, n, k, a.data(), w.data(), false, y.data(), 1, cpu);
+  core::ConcurrentMatMul(m, k, n, dy.data(), w.data(), true, dx.data(), 1, cpu);
+  core::MatMulGradWeights(m, k, n, a.data(), dy.data(), dw.data(), 1, ws.data(), cpu);
+  DeviceBuffer da(a), dwt(w), ddy(dy), gy(m * n), gdx(m * k), gdw(k * n), gws(core::MatMulGradWeightsWorkspace(m, k, n));
+  std::vector<float> first;
+  for (int lanes : {1, 2, 4, 8}) {
+    CHECK_OK(MatMul(m, n, k, da.ptr, dwt.ptr, false, gy.ptr, lanes, nullptr, 0));
+    CHECK_OK(MatMul(m, k, n, ddy.ptr, dwt.ptr, true, gdx.ptr, lanes, nullptr, 0));
+    CHECK_OK(MatMulGradWeights(m, k, n, da.ptr, ddy.ptr, gdw.ptr, lanes, gws.ptr, nullptr, 0));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<float> all = gy.Get(m * n), part = gdx.Get(m * k), part2 = gdw.Get(k * n);
+    ExpectClose(all, y, 1e-5f);
+    ExpectClose(part, dx, 1e-4f);
+    ExpectClose(part2, dw, 1e-4f);
+    all.insert(all.end(), part.begin(), part.end());
+    all.insert(all.end(), part2.begin(), part2.end());
+    if (first.empty()) first = all;
+    EXPECT_TRUE(std::memcmp(all.data(), first.data(), 4 * all.size()) == 0);
+  }
+}
+
+TEST(BuiltInGemmMatchesCpuGemmBitForBit) {
+  // The built-in kernel sums in order with FMA, like the CPU GEMM's FMA paths.
+  std::string error;
+  StreamPool* pool = StreamPool::ForDevice(0, &error);
+  CHECK_OK(pool->EnsureLanes(1));
+  for (int trial = 0; trial < 8; ++trial) {
+    core::GemmArgs g;
+    g.transpose_a = trial & 1, g.transpose_b = trial & 2, g.accumulate = trial & 4;
+    g.m = 37 + trial, g.n = 29, g.k = 101;
+    g.lda = g.transpose_a ? g.m : g.k, g.ldb = g.transpose_b ? g.k : g.n, g.ldc = g.n;
+    auto a = Random(g.m * g.k, trial), b = Random(g.k * g.n, trial + 9), c = Random(g.m * g.n, trial + 19);
+    std::vector<float> want = c;
+    core::GemmArgs host = g;
+    host.a = a.data(), host.b = b.data(), host.c = want.data();
+    core::ReferenceGemm(host, /*fused_multiply_add=*/true);
+    DeviceBuffer da(a), db(b), dc(c);
+    g.a = da.ptr, g.b = db.ptr, g.c = dc.ptr;
+    CHECK_OK(LaneGemm(pool->lane(0), g, /*force_builtin=*/true));
+    CHECK_CUDA(cudaStreamSynchronize(pool->lane(0).stream));
+    std::vector<float> got = dc.Get(g.m * g.n);
+    EXPECT_TRUE(std::memcmp(got.data(), want.data(), 4 * got.size()) == 0);
+  }
+}
+
+TEST(BiasKernels) {
+  const int64_t rows = 300, channels = 7;
+  auto out = Random(rows * channels, 1), bias = Random(channels, 2);
+  DeviceBuffer dout(out), dbias(bias), grad(channels);
+  CHECK_OK(BiasAdd(dout.ptr, dbias.ptr, rows, channels, nullptr));
+  CHECK_OK(BiasGrad(dout.ptr, grad.ptr, rows, channels, nullptr));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<float> got = dout.Get(rows * channels), want_grad(channels, 0.0f);
+  for (int64_t i = 0; i < rows * channels; ++i) {
+    EXPECT_EQ(got[i], out[i] + bias[i % channels]);
+    want_grad[i % channels] += got[i];
+  }
+  std::vector<float> got_grad = grad.Get(channels);
+  EXPECT_TRUE(std::memcmp(got_grad.data(), want_grad.data(), 4 * channels) == 0);
+}
+
+TEST(BadLaneCountIsAnError) {
+  core::Conv2DShape s;
+  s.batch = 1, s.in_h = 4, s.in_w = 4, s.in_c = 1, s.filter_h = 3, s.filter_w = 3, s.out_c = 1;
+  core::MakeConv2DShape(true, &s);
+  EXPECT_TRUE(Conv2DForward(s, nullptr, nullptr, nullptr, 0, nullptr, nullptr, 0).find("got 0") != std::string::npos);
+  EXPECT_TRUE(MatMul(1, 1, 1, nullptr, nullptr, false, nullptr, 65, nullptr, 0).find("got 65") != std::string::npos);
+}
+
+// Forward + both gradients of one layer, per lane count: milliseconds.
+void TimingTable() {
+  struct Case {
+    const char* name;
+    int64_t batch, h, w, c, k, out, stride;
+  };
+  const Case cases[] = {
+      {"LeNet conv1 28x28x1 -> 6 5x5", 32, 28, 28, 1, 5, 6, 1},
+      {"LeNet conv2 14x14x6 -> 16 5x5", 32, 14, 14, 6, 5, 16, 1},
+      {"CIFAR conv 32x32x3 -> 32 3x3", 32, 32, 32, 3, 3, 32, 1},
+      {"CIFAR conv 16x16x32 -> 64 3x3", 32, 16, 16, 32, 3, 64, 1},
+      {"CIFAR conv 8x8x64 -> 128 3x3", 8, 8, 8, 64, 3, 128, 1},
+      {"large: 56x56x64 -> 64 3x3 b128", 128, 56, 56, 64, 3, 64, 1},
+  };
+  std::string blas;
+  CublasAvailable(&blas);
+  std::printf("\nGEMM: %s. Forward + input grad + filter grad, ms per step (median of 10):\n", blas.c_str());
+  std::printf("%-34s %9s %9s %9s %9s %8s\n", "layer (batch)", "k=1", "k=2", "k=4", "k=8", "best/k1");
+  cudaStream_t stream;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (const Case& c : cases) {
+    core::Conv2DShape s;
+    s.batch = c.batch, s.in_h = c.h, s.in_w = c.w, s.in_c = c.c, s.filter_h = c.k, s.filter_w = c.k, s.out_c = c.out;
+    s.stride_h = s.stride_w = c.stride;
+    core::MakeConv2DShape(true, &s);
+    DeviceBuffer x(Random(s.batch * s.InputSampleElements(), 1)), w(Random(s.FilterElements(), 2));
+    DeviceBuffer dy(Random(s.batch * s.OutputSampleElements(), 3));
+    DeviceBuffer y(s.batch * s.OutputSampleElements()), dx(s.batch * s.InputSampleElements()), dw(s.FilterElements());
+    DeviceBuffer ws(std::max({core::Conv2DForwardWorkspace(s, 8), core::Conv2DBackpropFilterWorkspace(s, 8)}));
+    double ms[4];
+    int column = 0;
+    for (int lanes : {1, 2, 4, 8}) {
+      std::vector<float> samples;
+      for (int rep = 0; rep < 12; ++rep) {
+        cudaEventRecord(start, stream);
+        Conv2DForward(s, x.ptr, w.ptr, y.ptr, lanes, ws.ptr, stream, 0);
+        Conv2DBackpropInput(s, w.ptr, dy.ptr, dx.ptr, lanes, ws.ptr, stream, 0);
+        Conv2DBackpropFilter(s, x.ptr, dy.ptr, dw.ptr, lanes, ws.ptr, stream, 0);
+        cudaEventRecord(stop, stream);
+        cudaEventSynchronize(stop);
+        float elapsed = 0;
+        cudaEventElapsedTime(&elapsed, start, stop);
+        if (rep >= 2) samples.push_back(elapsed);
+      }
+      std::sort(samples.begin(), samples.end());
+      ms[column++] = samples[samples.size() / 2];
+    }
+    const double best = std::min({ms[0], ms[1], ms[2], ms[3]});
+    char label[64];
+    std::snprintf(label, sizeof(label), "%s (%lld)", c.name, static_cast<long long>(c.batch));
+    std::printf("%-34s %9.3f %9.3f %9.3f %9.3f %7.2fx\n", label, ms[0], ms[1], ms[2], ms[3], ms[0] / best);
+  }
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace tf_glp::cuda
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("no CUDA device: %s\n", cudaGetErrorString(cudaGetLastError()));
+    return 2;
+  }
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("device 0: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+  const int failed = tf_glp::testing::RunAllTests();
+  if (argc < 2 || std::strcmp(argv[1], "--no-timing") != 0) tf_glp::cuda::TimingTable();
+  return failed;
+}

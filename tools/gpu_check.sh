@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# GPU verification kit for tf_glp's layer concurrency (issue 5), for a machine
+# with nvcc and an NVIDIA driver but no TensorFlow:
+#   1. builds the framework-agnostic core (cc/core) with the host compiler and
+#      the CUDA backend (cc/cuda/*.cu) plus cc/tests/cuda_lanes_test.cu with
+#      nvcc alone - no TensorFlow headers anywhere;
+#   2. runs the CPU core tests (cc/tests/concurrent_layers_test.cc);
+#   3. runs the GPU tests (stream pool reuse, fork/join ordering, conv and
+#      matmul against the CPU core, bitwise equality over k = 1..8 streams,
+#      built-in GEMM vs CPU, bias kernels) and prints a timing table for
+#      k = 1, 2, 4, 8 streams.
+# Usage: tools/gpu_check.sh [--compile-only] [--no-timing]
+#   --compile-only  build everything, run nothing (works without a GPU).
+# Environment: NVCC (default nvcc on PATH, then /usr/local/cuda/bin/nvcc),
+#   CXX (default g++), CUDA_ARCHS (e.g. "80 90"; default: the local GPU's, or
+#   80 for --compile-only), BUILD_DIR (default build/gpu_check).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+COMPILE_ONLY=0
+TEST_ARGS=()
+for arg in "$@"; do
+  case "$arg" in
+    --compile-only) COMPILE_ONLY=1 ;;
+    --no-timing) TEST_ARGS+=(--no-timing) ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+
+NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
+CXX="${CXX:-g++}"
+[[ -x "$NVCC" ]] || { echo "gpu_check.sh: nvcc not found (set NVCC)" >&2; exit 2; }
+BUILD_DIR="${BUILD_DIR:-$ROOT/build/gpu_check}"
+mkdir -p "$BUILD_DIR"
+
+if [[ -z "${CUDA_ARCHS:-}" ]]; then
+  CUDA_ARCHS=80
+  if [[ $COMPILE_ONLY == 0 ]] && command -v nvidia-smi >/dev/null; then
+    cap="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')"
+    [[ -n "$cap" ]] && CUDA_ARCHS="$cap"
+  fi
+fi
+GENCODE=()
+for arch in $CUDA_ARCHS; do GENCODE+=("-gencode=arch=compute_${arch},code=sm_${arch}"); done
+
+CXXFLAGS=(-std=c++17 -O3 -fPIC -ffp-contract=off -fno-math-errno -pthread -I"$ROOT")
+if [[ "$(uname -m)" == x86_64 ]]; then CXXFLAGS+=(-march=x86-64-v2 -DTF_GLP_HAVE_X86_KERNELS); fi
+NVCCFLAGS=(-x cu -std=c++17 -O3 --expt-relaxed-constexpr -Xcompiler -fPIC -Xcompiler -ffp-contract=off -I"$ROOT" "${GENCODE[@]}")
+
+echo "== building the core with $CXX, CUDA code with $NVCC ($("$NVCC" --version | tail -1)), archs: $CUDA_ARCHS"
+start=$SECONDS
+core_objects=()
+cuda_objects=()
+pids=()
+for src in "$ROOT"/cc/core/*.cc; do
+  case "$src" in
+    *_avx2.cc) [[ "$(uname -m)" == x86_64 ]] || continue; isa=(-mavx2 -mf16c) ;;
+    *_avx512.cc) [[ "$(uname -m)" == x86_64 ]] || continue; isa=(-mavx512f -mavx512bw -mavx2 -mf16c) ;;
+    *) isa=() ;;
+  esac
+  obj="$BUILD_DIR/$(basename "$src").o"
+  core_objects+=("$obj")
+  "$CXX" "${CXXFLAGS[@]}" "${isa[@]}" -c "$src" -o "$obj" & pids+=($!)
+done
+for src in "$ROOT"/cc/cuda/*.cu "$ROOT/cc/tests/cuda_lanes_test.cu"; do
+  obj="$BUILD_DIR/$(basename "$src").o"
+  cuda_objects+=("$obj")
+  "$NVCC" "${NVCCFLAGS[@]}" -c "$src" -o "$obj" & pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
+"$NVCC" "${GENCODE[@]}" "${cuda_objects[@]}" "${core_objects[@]}" -o "$BUILD_DIR/cuda_lanes_test" -ldl -lpthread
+"$CXX" "${CXXFLAGS[@]}" "$ROOT/cc/tests/concurrent_layers_test.cc" "${core_objects[@]}" -o "$BUILD_DIR/concurrent_layers_test"
+echo "== built in $((SECONDS - start)) s: $BUILD_DIR/cuda_lanes_test, $BUILD_DIR/concurrent_layers_test"
+
+if [[ $COMPILE_ONLY == 1 ]]; then
+  echo "== --compile-only: nothing run"
+  exit 0
+fi
+echo "== CPU core tests"
+"$BUILD_DIR/concurrent_layers_test"
+echo "== GPU tests"
+timeout 240 "$BUILD_DIR/cuda_lanes_test" "${TEST_ARGS[@]}"
