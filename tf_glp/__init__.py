@@ -21,12 +21,17 @@ from typing import Any
 from tf_glp._native import NativeStatus, native_available
 
 __version__ = "0.1.0"
-__all__ = ["NativeStatus", "layers", "native_available", "ops"]
+__all__ = ["NativeStatus", "Strategy", "layers", "native_available", "ops", "strategy"]
 
-_LAZY_SUBMODULES = {"layers", "ops"}
+_LAZY_SUBMODULES = {"layers", "ops", "strategy"}
 
 
 def __getattr__(name: str) -> Any:
+    if name == "Strategy":
+        from tf_glp.strategy import Strategy  # noqa: PLC0415 (lazy: imports TensorFlow)
+
+        globals()["Strategy"] = Strategy
+        return Strategy
     if name in _LAZY_SUBMODULES:
         module = importlib.import_module(f"tf_glp.{name}")
         globals()[name] = module

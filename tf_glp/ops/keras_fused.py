@@ -67,8 +67,13 @@ class FusedKerasUpdate:
         self.optimizer = optimizer
 
     @tf.autograph.experimental.do_not_convert  # Note [No AutoGraph in tf_glp]
-    def apply(self, grads_per_variable: Sequence[Sequence[tf.Tensor]], variables: Sequence) -> None:
-        """Applies one step; `grads_per_variable[i]` are the gradients of variables[i]."""
+    def apply(self, grads_per_variable: Sequence[Sequence[tf.Tensor]], variables: Sequence,
+              increment_iterations: bool = True) -> None:
+        """Applies one step; `grads_per_variable[i]` are the gradients of variables[i].
+
+        Pass increment_iterations=False when the caller (Keras' own
+        optimizer.apply) increments the optimizer's step counter itself.
+        """
         opt = self.optimizer
         variables = list(variables)
         if len(grads_per_variable) != len(variables):
@@ -104,4 +109,5 @@ class FusedKerasUpdate:
                     nesterov=opt.nesterov, weight_decay=decay, decay_learning_rate=lr)
             else:
                 host_apply_sgd(target, grads, lr, weight_decay=decay, decay_learning_rate=lr)
-        opt.iterations.assign_add(1)
+        if increment_iterations:
+            opt.iterations.assign_add(1)

@@ -1,0 +1,175 @@
+"""tf_glp.Strategy with Keras' workflows: fit / evaluate / predict, save and
+load on one device, checkpoints, BackupAndRestore, chunking="auto" with
+explain(), and clear errors for what it does not support."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_glp
+
+
+def _model(strategy, optimizer="adam", **compile_kwargs):
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(4, 3, activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(10),
+        ])
+        model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"], **compile_kwargs)
+    return model
+
+
+def _digits(n=256):
+    rng = np.random.default_rng(3)
+    x = rng.random((n, 8, 8, 1)).astype(np.float32)
+    y = (x.reshape(n, -1).sum(1) * 10 / 64).astype(np.int64) % 10
+    return x, y
+
+
+@pytest.mark.parametrize("update", ["host", "replicas"])
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_fit_evaluate_predict_save_load(update, replicas, tmp_path):
+    strategy = tf_glp.Strategy([f"/cpu:{i}" for i in range(replicas)], update=update, chunking=2)
+    model = _model(strategy)
+    x, y = _digits()
+    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    loss, accuracy = model.evaluate(x, y, batch_size=32, verbose=0)
+    assert np.isfinite(loss) and 0 <= accuracy <= 1
+    predictions = model.predict(x, batch_size=32, verbose=0)
+    assert predictions.shape == (len(x), 10)
+    # Loads and predicts on a single device, without the strategy.
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_allclose(loaded.predict(x, batch_size=32, verbose=0), predictions, rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoint_and_backup_and_restore(tmp_path):
+    strategy = tf_glp.Strategy(cpu_replicas=2, chunking="none")
+    x, y = _digits()
+    model = _model(strategy)
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    saved = checkpoint.save(str(tmp_path / "ckpt"))
+    weights = [w.numpy() for w in model.weights]
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    checkpoint.restore(saved)
+    for w, before in zip(model.weights, weights):
+        np.testing.assert_array_equal(w.numpy(), before)
+
+    class StopAfterEpoch(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                raise RuntimeError("interrupted")
+
+    backup = str(tmp_path / "backup")
+    interrupted = _model(strategy)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        interrupted.fit(x, y, batch_size=32, epochs=4, verbose=0,
+                        callbacks=[keras.callbacks.BackupAndRestore(backup), StopAfterEpoch()])
+    resumed = _model(strategy)
+    history = resumed.fit(x, y, batch_size=32, epochs=4, verbose=0,
+                          callbacks=[keras.callbacks.BackupAndRestore(backup)])
+    assert len(history.history["loss"]) == 2  # epochs 3 and 4 only: restored after epoch 2
+    assert os.path.isdir(backup) is False or not os.listdir(backup)  # cleaned up when training finished
+
+
+def test_auto_chunking_searches_and_explains():
+    strategy = tf_glp.Strategy(cpu_replicas=2)  # chunking="auto"
+    assert strategy.chunking == "auto"
+    model = _model(strategy)
+    x, y = _digits(1024)
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    report = strategy.explain()
+    assert strategy._tuned
+    assert "chunks in use" in report and "measured" in report
+    measured = [row["measured"] for row in strategy._search if row["measured"] is not None]
+    assert measured and strategy._auto_chunks in [row["components"].chunks for row in strategy._search]
+    best = min(strategy._search, key=lambda r: r["measured"] if r["measured"] is not None else float("inf"))
+    assert strategy._auto_chunks == best["components"].chunks
+
+
+class TestErrors:
+    def test_bad_arguments(self):
+        with pytest.raises(ValueError, match="update must be 'host' or 'replicas', got 'gpu'"):
+            tf_glp.Strategy(update="gpu")
+        with pytest.raises(ValueError, match="chunking"):
+            tf_glp.Strategy(cpu_replicas=2, chunking=0)
+        with pytest.raises(ValueError, match="compression must be None, 'bf16' or 'fp16', got 'int8'"):
+            tf_glp.Strategy(cpu_replicas=2, compression="int8")
+        with pytest.raises(ValueError, match="cpu_replicas must be at least 1, got 0"):
+            tf_glp.Strategy(cpu_replicas=0)
+
+    def test_too_many_cpu_replicas_after_initialisation(self):
+        with pytest.raises(RuntimeError, match="already initialised its devices with 4"):
+            tf_glp.Strategy(cpu_replicas=6)
+
+    def test_jit_compile_true_is_refused(self):
+        strategy = tf_glp.Strategy(cpu_replicas=2)
+        with pytest.raises(ValueError, match="does not support jit_compile=True"):
+            _model(strategy, jit_compile=True)
+
+    def test_global_batch_not_divisible(self):
+        strategy = tf_glp.Strategy(["/cpu:0", "/cpu:1", "/cpu:2"], chunking="none")
+        model = _model(strategy)
+        x, y = _digits(96)
+        with pytest.raises(ValueError, match="global batch size 32 .* 3 replicas"):
+            model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+
+
+def test_sparse_gradients_from_embedding_are_summed_not_dropped():
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 50, size=(128, 6))
+    y = rng.standard_normal((128, 1)).astype(np.float32)
+
+    def train(strategy):
+        keras.utils.set_random_seed(5)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((6,), dtype="int64"), keras.layers.Embedding(50, 4),
+                                      keras.layers.Flatten(), keras.layers.Dense(1)])
+            model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+        return [w.numpy() for w in model.weights]
+
+    reference = train(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
+                                                     cross_device_ops=tf.distribute.ReductionToOneDevice()))
+    for update in ("host", "replicas"):
+        ours = train(tf_glp.Strategy(["/cpu:0", "/cpu:1"], update=update, chunking="none"))
+        for a, b in zip(ours, reference):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_dataset_that_ends_mid_step_trains_on_every_sample():
+    # 100 samples, global batch 32: the last batch (4 samples) is split
+    # unevenly over the replicas; the same as MirroredStrategy.
+    x, y = _digits(100)
+
+    def train(strategy):
+        model = _model(strategy, optimizer=keras.optimizers.SGD(0.1))
+        model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+        return [w.numpy() for w in model.weights]
+
+    reference = train(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
+                                                     cross_device_ops=tf.distribute.ReductionToOneDevice()))
+    ours = train(tf_glp.Strategy(["/cpu:0", "/cpu:1"], chunking="none"))
+    for a, b in zip(ours, reference):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_compression_trains_close_to_float32():
+    x, y = _digits()
+    plain = _model(tf_glp.Strategy(cpu_replicas=2, chunking="none"), optimizer=keras.optimizers.SGD(0.1))
+    compressed = _model(tf_glp.Strategy(cpu_replicas=2, chunking="none", compression="bf16"),
+                        optimizer=keras.optimizers.SGD(0.1))
+    a = plain.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history["loss"]
+    b = compressed.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history["loss"]
+    np.testing.assert_allclose(a, b, rtol=2e-2)
+    assert not all(np.array_equal(p.numpy(), q.numpy()) for p, q in zip(plain.weights, compressed.weights))

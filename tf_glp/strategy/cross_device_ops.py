@@ -1,0 +1,110 @@
+"""HostCrossDeviceOps: replicas' values summed on the host CPU by the native
+host_reduce, chunk by chunk, then sent where TensorFlow asks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import tensorflow as tf
+
+from tf_glp.ops import host_reduce
+
+_HOST_REDUCE_DTYPES = (tf.float32, tf.bfloat16, tf.float16)
+COMPRESSION_DTYPES = {None: None, "bf16": tf.bfloat16, "fp16": tf.float16}
+
+
+def local_components(value) -> list[tf.Tensor]:
+    """The per-replica tensors of a distributed value; IndexedSlices (sparse
+    gradients, e.g. from Embedding) densified on their own device, so that
+    every row is summed and none is dropped."""
+    if isinstance(value, tf.distribute.DistributedValues):
+        parts = list(value.values)
+    else:
+        parts = [value]
+    dense = []
+    for part in parts:
+        if isinstance(part, tf.IndexedSlices):
+            with tf.device(part.values.device):
+                part = tf.convert_to_tensor(part)
+        dense.append(part)
+    return dense
+
+
+def compress(parts: Sequence[tf.Tensor], compression: str | None) -> list[tf.Tensor]:
+    """Casts float32 parts to 16 bits on their own devices before they cross
+    to the host (accumulation on the host stays float32)."""
+    dtype = COMPRESSION_DTYPES[compression]
+    if dtype is None:
+        return list(parts)
+    out = []
+    for part in parts:
+        if part.dtype == tf.float32:
+            with tf.device(part.device):
+                part = tf.cast(part, dtype)
+        out.append(part)
+    return out
+
+
+def reduce_on_host(parts: Sequence[tf.Tensor], reduce_op: tf.distribute.ReduceOp, out_dtype: tf.DType,
+                   host_device: str) -> tf.Tensor:
+    """Sum or mean of `parts` on the host: native host_reduce for float
+    types (float32 accumulation), tf.add_n for any other dtype."""
+    op = "mean" if reduce_op == tf.distribute.ReduceOp.MEAN else "sum"
+    with tf.device(host_device):
+        if parts[0].dtype in _HOST_REDUCE_DTYPES:
+            return tf.cast(host_reduce(parts, op=op, output_dtype=tf.float32), out_dtype)
+        total = tf.add_n(list(parts))
+        if op == "mean":
+            total = total / tf.cast(len(parts), total.dtype)
+        return total
+
+
+class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
+    """Cross-device reductions done by the host CPUs.
+
+    Each value's replicas are summed by `tf_glp.ops.host_reduce` on the host
+    device and the result is broadcast to the destinations. Values are
+    grouped into chunks (see chunking.py): a chunk's reductions start once all
+    of that chunk's inputs exist, and depend on nothing else, so TensorFlow
+    can run them while other gradients are still being computed.
+
+    Args:
+        host_device: Where reductions run.
+        compression: None, "bf16" or "fp16": float32 values cross to the host
+            in 16 bits and are accumulated in float32.
+        chunk_plan: Called with the values' sizes in bytes, returns chunks of
+            indices (default: every value its own chunk).
+
+    Example:
+        >>> strategy = tf.distribute.MirroredStrategy(
+        ...     ["/cpu:0", "/cpu:1"], cross_device_ops=HostCrossDeviceOps())
+    """
+
+    def __init__(self, host_device: str = "/cpu:0", compression: str | None = None,
+                 chunk_plan: Callable[[list[int]], list[list[int]]] | None = None):
+        super().__init__()
+        if compression not in COMPRESSION_DTYPES:
+            raise ValueError(f"compression must be None, 'bf16' or 'fp16', got {compression!r}")
+        self.host_device = host_device
+        self.compression = compression
+        self.chunk_plan = chunk_plan
+        self.reductions = 0  # values reduced so far (a counter for tests and explain())
+
+    def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
+        return self.batch_reduce_implementation(reduce_op, [(per_replica_value, destinations)], options)[0]
+
+    def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
+        parts = [local_components(value) for value, _ in value_destination_pairs]
+        sizes = [int(p[0].shape.num_elements() or 0) * p[0].dtype.size for p in parts]
+        chunks = self.chunk_plan(sizes) if self.chunk_plan else [[i] for i in range(len(parts))]
+        results: list = [None] * len(parts)
+        for chunk in chunks:
+            # A chunk starts once all its inputs exist (one value: no barrier).
+            barrier = [t for i in chunk for t in parts[i]] if len(chunk) > 1 else []
+            with tf.control_dependencies(barrier):
+                for i in chunk:
+                    dtype = parts[i][0].dtype
+                    reduced = reduce_on_host(compress(parts[i], self.compression), reduce_op, dtype, self.host_device)
+                    results[i] = self.broadcast(reduced, value_destination_pairs[i][1])
+        self.reductions += len(parts)
+        return results

@@ -1,0 +1,42 @@
+"""Which devices a tf_glp.Strategy uses, and making logical CPU replicas."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def cpu_replica_devices(count: int) -> list[str]:
+    """`count` logical CPU devices, configured now if TensorFlow allows it.
+
+    TensorFlow fixes its devices the first time it runs an op; after that,
+    the number of logical CPUs cannot change.
+    """
+    if count < 1:
+        raise ValueError(f"cpu_replicas must be at least 1, got {count}")
+    physical = tf.config.list_physical_devices("CPU")
+    try:
+        existing = tf.config.get_logical_device_configuration(physical[0])
+    except RuntimeError:
+        existing = None
+    if not existing or len(existing) < count:
+        try:
+            tf.config.set_logical_device_configuration(
+                physical[0], [tf.config.LogicalDeviceConfiguration()] * count)
+        except RuntimeError as error:
+            have = len(tf.config.list_logical_devices("CPU"))
+            if have < count:
+                raise RuntimeError(
+                    f"tf_glp.Strategy needs {count} logical CPU devices but TensorFlow already "
+                    f"initialised its devices with {have}. Create the Strategy before running any "
+                    f"TensorFlow op (at the top of the script), or call "
+                    f"tf_glp.strategy.cpu_replica_devices({count}) first, or pass cpu_replicas={have}."
+                ) from error
+    return [f"/cpu:{i}" for i in range(count)]
+
+
+def default_devices(cpu_replicas: int | None) -> list[str]:
+    """All GPUs; without GPUs, `cpu_replicas` (default 2) logical CPUs."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus and cpu_replicas is None:
+        return [f"/gpu:{i}" for i in range(len(gpus))]
+    return cpu_replica_devices(2 if cpu_replicas is None else cpu_replicas)

@@ -1,0 +1,254 @@
+"""tf_glp.Strategy: CPU-assisted data parallelism as a tf.distribute.Strategy.
+
+    with tf_glp.Strategy().scope():
+        model = ...; model.compile(...)
+    model.fit(...)
+
+update="host" (a CentralStorageStrategy): variables and optimizer slots live
+on the host; the replicas' gradients are summed there and the optimizer runs
+once per step. For keras.optimizers.SGD / Adam / AdamW the sum and the update
+are one fused native pass per variable (tf_glp.ops.FusedKerasUpdate); other
+optimizers get the sum from the native host_reduce and run their own update
+on the host.
+
+update="replicas" (a MirroredStrategy): variables mirrored on the devices;
+gradients are summed on the host by the native host_reduce and sent back;
+every replica applies the update.
+
+Both group variables into chunks (chunking.py) so the host can work on the
+last layers while the devices still compute the gradients of earlier ones;
+chunking="auto" picks the chunk count with the cost model (cost_model.py)
+and a short measured search during the first training steps (tuner.py).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tf_glp.ops import FusedKerasUpdate, supports_fused_update
+from tf_glp.strategy import chunking as chunking_lib
+from tf_glp.strategy import cost_model, devices as devices_lib, hooks
+from tf_glp.strategy.cross_device_ops import COMPRESSION_DTYPES, HostCrossDeviceOps, compress, local_components
+
+_UPDATES = ("host", "replicas")
+HOST_DEVICE = "/cpu:0"
+
+
+class Strategy(tf.distribute.Strategy):
+    """Data-parallel training with the host CPUs aggregating gradients.
+
+    `Strategy(...)` returns a `HostStrategy` (update="host", a
+    CentralStorageStrategy) or a `ReplicaStrategy` (update="replicas", a
+    MirroredStrategy); both are instances of `tf_glp.Strategy`.
+
+    Args:
+        devices: Compute devices. Default: all GPUs; without GPUs,
+            `cpu_replicas` logical CPU devices.
+        update: "host" (optimizer runs once, on the host) or "replicas"
+            (every replica applies the host-summed gradients).
+        chunking: "auto" (cost model + measured search in the first steps of
+            the first fit), "none" (one chunk), an int number of chunks, or a
+            byte size such as "4MB".
+        compression: None, "bf16" or "fp16": gradients cross to the host in
+            16 bits and are accumulated in float32 (results then differ from
+            float32 training by the rounding of the gradients).
+        cpu_replicas: Number of logical CPU replicas when there are no GPUs
+            (default 2), or to force CPU replicas on a GPU machine.
+
+    Raises:
+        ValueError: for an unknown update, chunking or compression.
+        RuntimeError: if logical CPU devices are needed but TensorFlow has
+            already initialised its devices with fewer.
+
+    Example:
+        >>> strategy = tf_glp.Strategy(cpu_replicas=2)
+        >>> with strategy.scope():
+        ...     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        ...     model.compile(optimizer="adam", loss="mse")
+        >>> model.fit(x, y, batch_size=32)
+        >>> print(strategy.explain())
+    """
+
+    def __new__(cls, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None):
+        if cls is Strategy:
+            if update not in _UPDATES:
+                raise ValueError(f"update must be 'host' or 'replicas', got {update!r}")
+            cls = HostStrategy if update == "host" else ReplicaStrategy
+        return object.__new__(cls)
+
+    def _glp_setup(self, devices, update, chunking, compression, cpu_replicas) -> list[str]:
+        chunking_lib.validate_chunking(chunking)
+        if compression not in COMPRESSION_DTYPES:
+            raise ValueError(f"compression must be None, 'bf16' or 'fp16', got {compression!r}")
+        if devices is None:
+            devices = devices_lib.default_devices(cpu_replicas)
+        elif cpu_replicas is not None:
+            raise ValueError("pass either devices or cpu_replicas, not both")
+        devices = list(devices)
+        if not devices:
+            raise ValueError("devices must not be empty")
+        self.update = update
+        self.chunking = chunking
+        self.compression = compression
+        self._lock = threading.Lock()
+        # The chunk count in use while chunking="auto" (set by the tuner).
+        self._auto_chunks: int | None = None
+        self._tuned = chunking != "auto"
+        self._search: list[dict] = []
+        self._workload: cost_model.Workload | None = None
+        self._rates: cost_model.HostRates | None = None
+        hooks.install()
+        return devices
+
+    # -- chunking -------------------------------------------------------
+    def _effective_chunking(self):
+        if self.chunking != "auto":
+            return self.chunking
+        return self._auto_chunks if self._auto_chunks is not None else 1
+
+    def _plan(self, sizes: list[int]) -> list[list[int]]:
+        return chunking_lib.plan_chunks(sizes, self._effective_chunking())
+
+    def _set_auto_chunks(self, chunks: int) -> None:
+        self._auto_chunks = chunks
+
+    # -- cost model -------------------------------------------------------
+    def host_rates(self) -> cost_model.HostRates:
+        """Measures (once) the host speeds the cost model uses."""
+        if self._rates is None:
+            self._rates = _measure_host_rates(self._uses_gpus())
+        return self._rates
+
+    def _uses_gpus(self) -> bool:
+        return any("gpu" in d.lower() for d in self.extended.worker_devices)
+
+    def explain(self) -> str:
+        """The chunking decision: predicted and measured step time of each
+        candidate, with the cost model's components (in milliseconds).
+
+        Example:
+            >>> print(strategy.explain())
+        """
+        lines = [f"tf_glp.Strategy(update={self.update!r}, chunking={self.chunking!r}, "
+                 f"compression={self.compression!r}) on {len(self.extended.worker_devices)} replicas"]
+        if self._workload is None or self._rates is None:
+            lines.append(f"  chunks in use: {self._effective_chunking()} (no search has run: chunking is fixed or no fit yet)")
+            return "\n".join(lines)
+        w = self._workload
+        lines.append(f"  workload: {w.parameters:,} parameters, {w.gradient_bytes / 1e6:.1f} MB of gradients per replica")
+        header = (f"  {'chunks':>6} {'predicted':>10} {'measured':>10} {'compute':>9} {'transfer':>9} "
+                  f"{'reduce':>8} {'update':>8} {'exposed':>8}")
+        lines.append(header)
+        for row in self._search:
+            c = row["components"]
+            measured = f"{row['measured'] * 1e3:10.2f}" if row.get("measured") is not None else f"{'-':>10}"
+            lines.append(f"  {c.chunks:>6} {c.step * 1e3:10.2f} {measured} {c.compute * 1e3:9.2f} "
+                         f"{c.transfer * 1e3:9.2f} {c.host_reduce * 1e3:8.2f} {c.host_update * 1e3:8.2f} "
+                         f"{c.exposed * 1e3:8.2f}")
+        lines.append(f"  chunks in use: {self._effective_chunking()}" + ("" if self._tuned else " (search running)"))
+        return "\n".join(lines)
+
+    # -- host update (update="host" only) -----------------------------------
+    def _fuses_update(self, optimizer, variables) -> bool:
+        return False
+
+    def _apply_update(self, optimizer, grads, variables) -> bool:
+        return False
+
+
+def _check_not_xla() -> None:
+    from tensorflow.python.ops import control_flow_util  # noqa: PLC0415 (private, used for one check)
+
+    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        raise ValueError(
+            "tf_glp.Strategy does not support jit_compile=True: its host aggregation runs as native "
+            "host ops outside XLA. Compile the model with jit_compile=False.")
+
+
+class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
+    """tf_glp.Strategy with update="host" (see Strategy)."""
+
+    def __init__(self, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None):
+        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
+        tf.distribute.experimental.CentralStorageStrategy.__init__(
+            self, compute_devices=devices, parameter_device=HOST_DEVICE)
+        # The supported hook for reductions (used for metrics, losses and
+        # optimizers without a fused update).
+        self.extended._cross_device_ops = HostCrossDeviceOps(HOST_DEVICE, compression, self._plan)
+
+    def _fuses_update(self, optimizer, variables) -> bool:
+        if tf.distribute.get_replica_context() is None:
+            return False
+        if not supports_fused_update(optimizer)[0]:
+            return False
+        return all(v.dtype == "float32" and getattr(v, "constraint", None) is None for v in variables)
+
+    def _apply_update(self, optimizer, grads, variables) -> bool:
+        """Sums the replicas' gradients and applies the optimizer in one fused
+        pass per variable on the host (called from the optimizer hook)."""
+        if not self._fuses_update(optimizer, variables):
+            return False
+        _check_not_xla()
+        variables = list(variables)
+        fused = FusedKerasUpdate(optimizer)
+        compression = self.compression
+
+        def merge_fn(strategy, *grads):
+            per_variable = [compress(local_components(g), compression) for g in grads]
+            sizes = [int(p[0].shape.num_elements() or 0) * 4 for p in per_variable]
+            with tf.device(HOST_DEVICE):
+                for chunk in self._plan(sizes):
+                    barrier = [t for i in chunk for t in per_variable[i]] if len(chunk) > 1 else []
+                    with tf.control_dependencies(barrier):
+                        fused.apply([per_variable[i] for i in chunk], [variables[i] for i in chunk],
+                                    increment_iterations=False)
+
+        tf.distribute.get_replica_context().merge_call(merge_fn, args=tuple(grads))
+        return True
+
+
+class ReplicaStrategy(Strategy, tf.distribute.MirroredStrategy):
+    """tf_glp.Strategy with update="replicas" (see Strategy)."""
+
+    def __init__(self, devices=None, *, update: str = "replicas", chunking="auto", compression=None, cpu_replicas=None):
+        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
+        tf.distribute.MirroredStrategy.__init__(
+            self, devices=devices, cross_device_ops=HostCrossDeviceOps(HOST_DEVICE, compression, self._plan))
+
+
+def _measure_host_rates(uses_gpus: bool) -> cost_model.HostRates:
+    """Times the host engine on this machine (about 0.2 s)."""
+    from tf_glp.ops import host_reduce  # noqa: PLC0415
+
+    elements = 4 << 20
+    with tf.device(HOST_DEVICE):
+        inputs = [tf.random.stateless_uniform([elements], seed=[i, 0]) for i in range(2)]
+        small = [tf.zeros([16]) for _ in range(2)]
+
+        def best(fn, repeats=5):
+            fn()
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+            return min(times)
+
+        reduce_s = best(lambda: host_reduce(inputs).numpy())
+        overhead_s = best(lambda: host_reduce(small).numpy(), repeats=20)
+    reduce_bw = 3 * elements * 4 / reduce_s
+    # A fused Adam update moves 28 bytes per parameter, a 2-way reduce 12 per
+    # element: scale the measured reduce rate accordingly.
+    update_rate = reduce_bw / 28
+    transfer = 12e9 if uses_gpus else math.inf  # PCIe 3 x16 effective; shared memory on CPUs
+    return cost_model.HostRates(transfer, reduce_bw, update_rate, overhead_s)
+
+
+def gradient_workload(variables, replicas: int) -> cost_model.Workload:
+    sizes = [int(np.prod(v.shape)) for v in variables]
+    return cost_model.Workload(gradient_bytes=4 * sum(sizes), parameters=sum(sizes), replicas=replicas)
