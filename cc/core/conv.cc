@@ -87,20 +87,39 @@ int64_t Conv2DBackpropFilterWorkspace(const Conv2DShape& s, int64_t num_lanes) {
   return Conv2DForwardWorkspace(s, num_lanes) + (groups > 1 ? groups * s.FilterElements() : 0);
 }
 
+// Note [Patch rows]: for one output pixel and filter row kh, the filter_w
+// patch entries are in_c-float runs of the input; with dilation_w == 1 and the
+// row inside the input they are one contiguous run of filter_w * in_c floats,
+// copied (or added) in one loop. Short inline loops, not memcpy calls: with 3
+// input channels a call per run costs more than the copy.
 void Im2Col(const Conv2DShape& s, const float* sample, float* col) {
   const int64_t patch = s.PatchSize();
-  const size_t row_bytes = sizeof(float) * s.in_c;
+  const int64_t row_floats = s.filter_w * s.in_c;
   for (int64_t oh = 0; oh < s.out_h; ++oh) {
     for (int64_t ow = 0; ow < s.out_w; ++ow) {
       float* dst = col + (oh * s.out_w + ow) * patch;
-      for (int64_t kh = 0; kh < s.filter_h; ++kh) {
+      const int64_t iw0 = ow * s.stride_w - s.pad_left;
+      const bool contiguous = s.dilation_w == 1 && iw0 >= 0 && iw0 + s.filter_w <= s.in_w;
+      for (int64_t kh = 0; kh < s.filter_h; ++kh, dst += row_floats) {
         const int64_t ih = oh * s.stride_h - s.pad_top + kh * s.dilation_h;
-        for (int64_t kw = 0; kw < s.filter_w; ++kw, dst += s.in_c) {
-          const int64_t iw = ow * s.stride_w - s.pad_left + kw * s.dilation_w;
-          if (ih < 0 || ih >= s.in_h || iw < 0 || iw >= s.in_w) {
-            std::memset(dst, 0, row_bytes);
+        if (ih < 0 || ih >= s.in_h) {
+          for (int64_t i = 0; i < row_floats; ++i) dst[i] = 0.0f;
+          continue;
+        }
+        const float* row = sample + ih * s.in_w * s.in_c;
+        if (contiguous) {
+          const float* src = row + iw0 * s.in_c;
+          for (int64_t i = 0; i < row_floats; ++i) dst[i] = src[i];
+          continue;
+        }
+        for (int64_t kw = 0; kw < s.filter_w; ++kw) {
+          const int64_t iw = iw0 + kw * s.dilation_w;
+          float* out = dst + kw * s.in_c;
+          if (iw < 0 || iw >= s.in_w) {
+            for (int64_t c = 0; c < s.in_c; ++c) out[c] = 0.0f;
           } else {
-            std::memcpy(dst, sample + (ih * s.in_w + iw) * s.in_c, row_bytes);
+            const float* src = row + iw * s.in_c;
+            for (int64_t c = 0; c < s.in_c; ++c) out[c] = src[c];
           }
         }
       }
@@ -108,18 +127,31 @@ void Im2Col(const Conv2DShape& s, const float* sample, float* col) {
   }
 }
 
+// Adds in (oh, ow, kh, kw, c) order whichever path a row takes, so the sums
+// are the same bits either way.
 void Col2ImAdd(const Conv2DShape& s, const float* col, float* sample) {
   const int64_t patch = s.PatchSize();
+  const int64_t row_floats = s.filter_w * s.in_c;
   for (int64_t oh = 0; oh < s.out_h; ++oh) {
     for (int64_t ow = 0; ow < s.out_w; ++ow) {
       const float* src = col + (oh * s.out_w + ow) * patch;
-      for (int64_t kh = 0; kh < s.filter_h; ++kh) {
+      const int64_t iw0 = ow * s.stride_w - s.pad_left;
+      const bool contiguous = s.dilation_w == 1 && iw0 >= 0 && iw0 + s.filter_w <= s.in_w;
+      for (int64_t kh = 0; kh < s.filter_h; ++kh, src += row_floats) {
         const int64_t ih = oh * s.stride_h - s.pad_top + kh * s.dilation_h;
-        for (int64_t kw = 0; kw < s.filter_w; ++kw, src += s.in_c) {
-          const int64_t iw = ow * s.stride_w - s.pad_left + kw * s.dilation_w;
-          if (ih < 0 || ih >= s.in_h || iw < 0 || iw >= s.in_w) continue;
-          float* dst = sample + (ih * s.in_w + iw) * s.in_c;
-          for (int64_t c = 0; c < s.in_c; ++c) dst[c] = dst[c] + src[c];
+        if (ih < 0 || ih >= s.in_h) continue;
+        float* row = sample + ih * s.in_w * s.in_c;
+        if (contiguous) {
+          float* dst = row + iw0 * s.in_c;
+          for (int64_t i = 0; i < row_floats; ++i) dst[i] = dst[i] + src[i];
+          continue;
+        }
+        for (int64_t kw = 0; kw < s.filter_w; ++kw) {
+          const int64_t iw = iw0 + kw * s.dilation_w;
+          if (iw < 0 || iw >= s.in_w) continue;
+          float* dst = row + iw * s.in_c;
+          const float* in = src + kw * s.in_c;
+          for (int64_t c = 0; c < s.in_c; ++c) dst[c] = dst[c] + in[c];
         }
       }
     }

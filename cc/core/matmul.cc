@@ -8,6 +8,9 @@
 namespace tf_glp::core {
 namespace {
 constexpr int64_t kRowsPerBlock = 16;  // Below this a block is mostly overhead.
+// A weight-gradient group's GEMM has its rows as depth; fewer than this many
+// and packing plus the final sum of partials cost more than they save.
+constexpr int64_t kRowsPerGradGroup = 64;
 constexpr int64_t kMaxGradGroups = 32;
 constexpr int64_t kPartialBudget = int64_t{64} << 20;
 }  // namespace
@@ -38,7 +41,7 @@ void ConcurrentMatMul(int64_t m, int64_t n, int64_t k, const float* a,
 }
 
 int64_t MatMulGradGroups(int64_t m, int64_t k, int64_t n) {
-  const int64_t by_rows = (m + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int64_t by_rows = (m + kRowsPerGradGroup - 1) / kRowsPerGradGroup;
   const int64_t by_memory = std::max<int64_t>(1, kPartialBudget / std::max<int64_t>(1, k * n));
   return std::max<int64_t>(1, std::min({by_rows, kMaxGradGroups, by_memory}));
 }

@@ -174,6 +174,17 @@ std::string OnLanes(int device, cudaStream_t stream, int num_lanes, int64_t item
   const int lanes = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_lanes, items)));
   error = pool->EnsureLanes(lanes);
   if (!error.empty()) return error;
+  // The lanes' streams belong to `device`: launch with it current (TensorFlow
+  // normally has it current already), and restore the caller's afterwards.
+  int previous = 0;
+  TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
+  if (previous != device) TF_GLP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  struct RestoreDevice {
+    int previous, device;
+    ~RestoreDevice() {
+      if (previous != device) cudaSetDevice(previous);
+    }
+  } restore{previous, device};
   error = pool->Fork(stream, lanes);
   if (!error.empty()) return error;
   std::string first_error;
