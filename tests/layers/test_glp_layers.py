@@ -184,3 +184,16 @@ def test_layers_use_the_fallback_without_the_native_library(rng, native_mode):
     native_mode("0")
     assert not tf_glp.native_available()
     np.testing.assert_allclose(model(x), native, rtol=1e-5, atol=1e-5)
+
+
+def test_ineligible_layers_run_the_keras_kernel(rng):
+    x = rng.standard_normal((2, 6, 6, 2))
+    reference = keras.layers.Conv2D(3, 3, dtype="float64")
+    layer = Conv2D(3, 3, dtype="float64", concurrency=2)
+    reference.build(x.shape)
+    layer.build(x.shape)
+    layer.set_weights(reference.get_weights())
+    assert not layer._runs_concurrently(tf.constant(x))
+    np.testing.assert_array_equal(layer(x), reference(x))
+    first = Conv2D(3, 3, data_format="channels_first", concurrency=2)
+    assert not first._runs_concurrently(tf.zeros([1, 2, 6, 6]))

@@ -218,3 +218,43 @@ def test_bad_matmul_input_is_an_invalid_argument_error():
         concurrent_matmul(tf.zeros([2, 3, 1]), tf.zeros([3, 5]))
     with pytest.raises(tf.errors.InvalidArgumentError, match="float32, got float16"):
         concurrent_matmul(tf.zeros([2, 3], tf.float16), tf.zeros([3, 5], tf.float16))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.one_of(st.integers(max_value=0), st.integers(min_value=65)))
+def test_any_out_of_range_concurrency_is_refused_by_name(bad):
+    with pytest.raises(ValueError, match=f"got {bad}"):
+        concurrent_matmul(tf.zeros([2, 2]), tf.zeros([2, 2]), concurrency=bad)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 6))
+def test_any_channel_mismatch_is_refused_by_name(in_channels, filter_channels):
+    x, w = tf.zeros([1, 5, 5, in_channels]), tf.zeros([3, 3, filter_channels, 2])
+    if in_channels == filter_channels:
+        assert concurrent_conv2d(x, w, concurrency=2).shape == (1, 3, 3, 2)
+        return
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"{in_channels} channels but the filters expect {filter_channels}"):
+        concurrent_conv2d(x, w, concurrency=2)
+
+
+GPUS = tf.config.list_physical_devices("GPU")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPUS, reason="needs a GPU")
+def test_gpu_kernels_match_cpu_and_are_bitwise_identical_for_every_concurrency(rng):
+    x = tf.constant(rng.standard_normal((20, 16, 16, 8), np.float32))
+    w = tf.constant(rng.standard_normal((3, 3, 8, 16), np.float32))
+    dy = tf.constant(rng.standard_normal((20, 8, 8, 16), np.float32))
+    fn = lambda k: lambda a, b: concurrent_conv2d(a, b, strides=2, padding="same", concurrency=k)  # noqa: E731
+    with tf.device("/cpu:0"):
+        cpu = conv_and_grads(fn(1), x, w, dy)
+    with tf.device("/gpu:0"):
+        first = conv_and_grads(fn(1), x, w, dy)
+        for k in (2, 4, 8):
+            again = conv_and_grads(fn(k), x, w, dy)
+            for a, b in zip(first, again):
+                assert a.tobytes() == b.tobytes()
+    for a, b in zip(first, cpu):
+        close(a, b, 1e-4)
