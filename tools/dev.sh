@@ -17,7 +17,7 @@ install() {
   # TensorFlow first: the op library is compiled against it (setup.py), and
   # --no-build-isolation reuses this one instead of a second 2 GB copy.
   "$PY" -m pip install -q "tensorflow==2.21.*"
-  "$PY" -m pip install -q --no-build-isolation -e ".[test]"
+  "$PY" -m pip install -q --no-build-isolation -e ".[test,examples]"
 }
 
 native_tests() {

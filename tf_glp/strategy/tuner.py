@@ -48,7 +48,8 @@ class ChunkingTuner(keras.callbacks.Callback):
         self._times: list[float] = []
         self._warm = False
         self._start = 0.0
-        self._direction = 2
+        self._direction = "up"
+        self._previous = 0.0  # measured time of the candidate the search stepped from
         self._max_chunks = 1
 
     def on_train_begin(self, logs=None):
@@ -93,17 +94,23 @@ class ChunkingTuner(keras.callbacks.Callback):
     def _next_candidate(self) -> None:
         s = self.strategy
         tried = [row for row in s._search if row["measured"] is not None]
-        slower = len(tried) >= 2 and tried[-1]["measured"] > tried[-2]["measured"]
-        if slower and len(tried) == 2 and self._direction == 2:
-            # The first move up was slower: search downwards from the start.
-            self._direction = 0.5
-            nxt = tried[0]["components"].chunks // 2
-        elif slower:
-            nxt = None
-        else:
-            nxt = int(self._candidate * self._direction)
-        tried_counts = {row["components"].chunks for row in tried}
-        if nxt is None or nxt < 1 or nxt > self._max_chunks or nxt in tried_counts:
+        counts = {row["components"].chunks for row in tried}
+        last = tried[-1]
+        improved = len(tried) == 1 or last["measured"] <= self._previous
+        nxt = None
+        if self._direction == "up":
+            if improved and self._candidate < self._max_chunks:
+                nxt, self._previous = min(self._candidate * 2, self._max_chunks), last["measured"]
+            else:
+                # Going up stopped helping (or cannot go further): if the
+                # starting point is still the best, try fewer chunks from it.
+                start = tried[0]
+                self._direction = "down"
+                if min(tried, key=lambda r: r["measured"]) is start:
+                    nxt, self._previous = start["components"].chunks // 2, start["measured"]
+        elif improved:
+            nxt, self._previous = self._candidate // 2, last["measured"]
+        if nxt is None or nxt < 1 or nxt in counts:
             self._finish()
         else:
             self._switch_to(nxt)
