@@ -143,8 +143,10 @@ def main() -> None:
     status = tf_glp.native_available()
     info = f"Machine: {machine()}. Date: {datetime.date.today().isoformat()}. TensorFlow {tf.__version__}, Keras {keras.__version__}. tf_glp: {status}."
     print(info, flush=True)
+    load_before = os.getloadavg()[0]
     table = run(args.reps)
     elapsed = time.time() - start
+    info += f" Load average (1 min) at start / end: {load_before:.1f} / {os.getloadavg()[0]:.1f} (other jobs share the 2 cores)."
     print(f"\n{table}\n\n({elapsed:.0f} s)")
     if args.results:
         body = (

@@ -20,15 +20,17 @@
 //   runs on one thread at a time, so per-lane scratch needs no locking.
 //   Which lane runs an item is unspecified: results must not depend on it
 //   (Note [Concurrent determinism] in conv.h says how the ops ensure that).
-// * CUDA: per device, a pool of kMaxLanes non-blocking streams, created
-//   lazily (std::call_once) on the first call that uses the device, each
-//   with its own cuBLAS handle and workspace, and never destroyed. A call
-//   with k lanes uses streams 0..k-1 of the pool: it records an event on the
-//   op's stream, makes each lane wait on it (fork), enqueues item i on lane
-//   i % k, then records an event per lane and makes the op's stream wait on
-//   them (join), so work enqueued on the op's stream before and after the op
-//   stays ordered with it. Calls from several host threads share the streams;
-//   the events keep each call's fork and join correct.
+// * CUDA (cc/cuda/lane_pool_cuda.h): per device, a pool of up to kMaxLanes
+//   non-blocking streams, created lazily (the pool by std::call_once on the
+//   first call for that device, lane i by the first call asking for more than
+//   i lanes), each with its own cuBLAS handle and workspace, reused by every
+//   later call and never destroyed. A call with k lanes uses lanes 0..k-1:
+//   it records an event on the op's stream and makes each lane wait on it
+//   (fork), enqueues item i on lane i % k, then records an event on each lane
+//   and makes the op's stream wait on them (join), so work enqueued on the
+//   op's stream before and after the op stays ordered with it. Calls from
+//   several host threads share the streams; the events keep each call's fork
+//   and join correct, and stream order serialises their use of a lane.
 #ifndef TF_GLP_CC_CORE_LANE_POOL_H_
 #define TF_GLP_CC_CORE_LANE_POOL_H_
 

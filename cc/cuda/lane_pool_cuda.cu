@@ -18,6 +18,7 @@ namespace {
 // that no cuBLAS header is needed to build.
 using BlasStatus = int;
 using BlasCreate = BlasStatus (*)(void**);
+using BlasDestroy = BlasStatus (*)(void*);
 using BlasSetStream = BlasStatus (*)(void*, cudaStream_t);
 using BlasSetWorkspace = BlasStatus (*)(void*, void*, size_t);
 using BlasSetMathMode = BlasStatus (*)(void*, int);
@@ -32,6 +33,7 @@ struct Cublas {
   bool loaded = false;
   std::string name;
   BlasCreate create = nullptr;
+  BlasDestroy destroy = nullptr;
   BlasSetStream set_stream = nullptr;
   BlasSetWorkspace set_workspace = nullptr;
   BlasSetMathMode set_math_mode = nullptr;
@@ -45,11 +47,12 @@ const Cublas& GetCublas() {
       void* lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
       if (lib == nullptr) continue;
       b->create = reinterpret_cast<BlasCreate>(dlsym(lib, "cublasCreate_v2"));
+      b->destroy = reinterpret_cast<BlasDestroy>(dlsym(lib, "cublasDestroy_v2"));
       b->set_stream = reinterpret_cast<BlasSetStream>(dlsym(lib, "cublasSetStream_v2"));
       b->set_workspace = reinterpret_cast<BlasSetWorkspace>(dlsym(lib, "cublasSetWorkspace_v2"));
       b->set_math_mode = reinterpret_cast<BlasSetMathMode>(dlsym(lib, "cublasSetMathMode"));
       b->sgemm = reinterpret_cast<BlasSgemm>(dlsym(lib, "cublasSgemm_v2"));
-      if (b->create && b->set_stream && b->set_workspace && b->set_math_mode && b->sgemm) {
+      if (b->create && b->destroy && b->set_stream && b->set_workspace && b->set_math_mode && b->sgemm) {
         b->loaded = true;
         b->name = name;
         break;
@@ -242,24 +245,35 @@ std::string StreamPool::EnsureLanes(int num_lanes) {
   TF_GLP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   const Cublas& blas = GetCublas();
   std::string error;
-  for (; created_ < num_lanes && error.empty(); ++created_) {
+  // A lane counts as created only when complete: every lane then has cuBLAS
+  // or none has (cuBLAS and the built-in GEMM round differently, and results
+  // must not depend on which lane ran an item).
+  while (created_ < num_lanes && error.empty()) {
     Lane& lane = lanes_[created_];
     cudaError_t status = cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking);
     if (status != cudaSuccess) {
       error = CudaError("cudaStreamCreateWithFlags", status);
+      lane.stream = nullptr;
       break;
     }
     if (blas.loaded) {
       void* handle = nullptr;
-      if (blas.create(&handle) == 0 && blas.set_stream(handle, lane.stream) == 0 &&
-          blas.set_math_mode(handle, kBlasDefaultMath) == 0 &&
-          cudaMalloc(&lane.blas_workspace, kBlasWorkspaceBytes) == cudaSuccess &&
-          blas.set_workspace(handle, lane.blas_workspace, kBlasWorkspaceBytes) == 0) {
-        lane.blas = handle;
-      } else {
+      if (blas.create(&handle) != 0 || blas.set_stream(handle, lane.stream) != 0 ||
+          blas.set_math_mode(handle, kBlasDefaultMath) != 0 ||
+          cudaMalloc(&lane.blas_workspace, kBlasWorkspaceBytes) != cudaSuccess ||
+          blas.set_workspace(handle, lane.blas_workspace, kBlasWorkspaceBytes) != 0) {
+        // Undone, so that a later call retries this lane from scratch.
+        if (handle != nullptr) blas.destroy(handle);
         error = "creating the cuBLAS handle of lane " + std::to_string(created_) + " failed";
+        cudaStreamDestroy(lane.stream);
+        lane.stream = nullptr;
+        if (lane.blas_workspace != nullptr) cudaFree(lane.blas_workspace);
+        lane.blas_workspace = nullptr;
+        break;
       }
+      lane.blas = handle;
     }
+    ++created_;
   }
   cudaSetDevice(previous);
   return error;
