@@ -109,6 +109,7 @@ class TestErrors:
             tf_glp.Strategy(cpu_replicas=0)
 
     def test_too_many_cpu_replicas_after_initialisation(self):
+        tf.config.list_logical_devices("CPU")  # TensorFlow fixes its devices here (conftest asked for 4)
         with pytest.raises(RuntimeError, match="already initialised its devices with 4"):
             tf_glp.Strategy(cpu_replicas=6)
 
@@ -116,6 +117,27 @@ class TestErrors:
         strategy = tf_glp.Strategy(cpu_replicas=2)
         with pytest.raises(ValueError, match="does not support jit_compile=True"):
             _model(strategy, jit_compile=True)
+
+    def test_loss_scaling_needs_replicas_mode(self):
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        try:
+            with pytest.raises(ValueError, match="does not support Keras' LossScaleOptimizer"):
+                _model(tf_glp.Strategy(cpu_replicas=2, update="host"))
+            model = _model(tf_glp.Strategy(cpu_replicas=2, update="replicas", chunking="none"))
+            x, y = _digits(64)
+            assert np.isfinite(model.fit(x, y, batch_size=32, epochs=1, verbose=0).history["loss"][0])
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+
+    def test_float64_model_trains_through_the_generic_path(self):
+        keras.config.set_dtype_policy("float64")
+        try:
+            model = _model(tf_glp.Strategy(cpu_replicas=2, chunking="none"))
+            x, y = _digits(64)
+            history = model.fit(x.astype(np.float64), y, batch_size=32, epochs=2, verbose=0)
+            assert model.weights[0].dtype == "float64" and np.isfinite(history.history["loss"][-1])
+        finally:
+            keras.config.set_dtype_policy("float32")
 
     def test_global_batch_not_divisible(self):
         strategy = tf_glp.Strategy(["/cpu:0", "/cpu:1", "/cpu:2"], chunking="none")

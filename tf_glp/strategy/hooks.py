@@ -9,7 +9,8 @@ belongs to a tf_glp.Strategy:
 - TFOptimizer._backend_update_step: the fused host update (HostStrategy).
 - TFOptimizer._apply_weight_decay: skipped when the fused update applies it.
 - Trainer.compile: jit_compile="auto" becomes False (the host ops run
-  outside XLA); jit_compile=True is refused with a clear message. (Patched
+  outside XLA); jit_compile=True, and update="host" with a LossScaleOptimizer,
+  are refused with a clear message. (Patched
   on Keras' Trainer itself: Keras treats a Model whose compile differs from
   Trainer.compile as custom and then skips compile when loading it.)
 - TensorFlowTrainer.fit: refuses a global batch that does not divide by the
@@ -97,7 +98,9 @@ def _install_model_hooks() -> None:
                     "tf_glp.Strategy does not support jit_compile=True: its host aggregation runs as native "
                     "host ops outside XLA. Compile with jit_compile=False (or leave the default).")
             bound.arguments["jit_compile"] = False
-            return original_compile(*bound.args, **bound.kwargs)
+            result = original_compile(*bound.args, **bound.kwargs)
+            _check_optimizer(self, _glp_strategy(self))
+            return result
         return original_compile(self, *args, **kwargs)
 
     @functools.wraps(original_fit)
@@ -118,6 +121,17 @@ def _install_model_hooks() -> None:
 
     Trainer.compile = compile
     TensorFlowTrainer.fit = fit
+
+
+def _check_optimizer(model, strategy) -> None:
+    import keras  # noqa: PLC0415
+
+    if strategy.update == "host" and isinstance(getattr(model, "optimizer", None), keras.optimizers.LossScaleOptimizer):
+        raise ValueError(
+            "tf_glp.Strategy(update='host') does not support Keras' LossScaleOptimizer (used by the "
+            "'mixed_float16' policy): its loss-scale variables cannot be updated from the replicas when "
+            "variables live on the host (plain CentralStorageStrategy fails the same way). Use "
+            "update='replicas', or the 'mixed_bfloat16' policy, which needs no loss scaling.")
 
 
 def _check_global_batch(arguments: dict, replicas: int) -> None:
