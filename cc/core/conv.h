@@ -12,7 +12,9 @@
 //   alone with a GEMM whose per-element result does not depend on the split
 //   (Note [GEMM determinism] in gemm.h), and col2im adds in a fixed loop
 //   order;
-// * filter (and Dense weight) gradient: a sum over samples. The batch is cut
+// * Dense weight gradient (matmul.h): each element is one GEMM element, the
+//   in-order sum over the whole batch; lanes take blocks of output rows;
+// * filter gradient: a sum over samples. The batch is cut
 //   into FilterGradGroups() contiguous groups, a number that depends on the
 //   shapes only, never on k; a group's partial sum is accumulated sample by
 //   sample in index order by whichever lane takes the group, and the partials

@@ -425,29 +425,24 @@ std::string MatMul(int64_t m, int64_t n, int64_t k, const float* a, const float*
 
 std::string MatMulGradWeights(int64_t m, int64_t k, int64_t n, const float* a,
                               const float* output_grad, float* grad_weights, int num_lanes,
-                              float* workspace, cudaStream_t stream, int device) {
+                              cudaStream_t stream, int device) {
   if (k <= 0 || n <= 0) return "";
   if (m <= 0) {
     TF_GLP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(grad_weights, 0, sizeof(float) * k * n, stream));
     return "";
   }
-  const int64_t groups = core::MatMulGradGroups(m, k, n);
-  float* partials = groups > 1 ? workspace : grad_weights;
-  std::string error = OnLanes(device, stream, num_lanes, groups, [&](Lane& lane, int, int64_t group) -> std::string {
-    const int64_t first = core::SplitPoint(m, groups, group);
-    const int64_t last = core::SplitPoint(m, groups, group + 1);
-    core::GemmArgs g;
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(num_lanes, (k + 15) / 16));
+  return OnLanes(device, stream, num_lanes, blocks, [&](Lane& lane, int, int64_t block) -> std::string {
+    const int64_t first = core::SplitPoint(k, blocks, block);
+    const int64_t last = core::SplitPoint(k, blocks, block + 1);
+    core::GemmArgs g;  // grad_weights[first:last, :] = a[:, first:last]^T output_grad
     g.transpose_a = true;
-    g.m = k, g.n = n, g.k = last - first;
-    g.a = a + first * k, g.lda = k;
-    g.b = output_grad + first * n, g.ldb = n;
-    g.c = partials + group * k * n, g.ldc = n;
+    g.m = last - first, g.n = n, g.k = m;
+    g.a = a + first, g.lda = k;
+    g.b = output_grad, g.ldb = n;
+    g.c = grad_weights + first * n, g.ldc = n;
     return LaneGemm(lane, g);
   });
-  if (!error.empty() || groups == 1) return error;
-  SumPartialsKernel<<<Blocks(k * n), 256, 0, stream>>>(partials, groups, k * n, grad_weights);
-  TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return "";
 }
 
 std::string BiasAdd(float* out, const float* bias, int64_t rows, int64_t channels, cudaStream_t stream) {

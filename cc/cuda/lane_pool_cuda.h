@@ -75,9 +75,9 @@ bool CublasAvailable(std::string* which);
 // device pointers) on one lane. force_builtin: skip cuBLAS (for tests).
 std::string LaneGemm(Lane& lane, const core::GemmArgs& args, bool force_builtin = false);
 
-// The concurrent ops on the GPU. Pointers are device pointers; workspace
-// holds the floats that the core's *Workspace(shape, num_lanes) functions
-// say. Work is enqueued on lanes forked from and joined back to `stream`.
+// The concurrent ops on the GPU, split as their CPU twins in cc/core/conv.h
+// and matmul.h. Pointers are device pointers; workspace holds the floats that
+// the core's Conv2D*Workspace(shape, num_lanes) functions say. Work is enqueued on lanes forked from and joined back to `stream`.
 std::string Conv2DForward(const core::Conv2DShape& shape, const float* input,
                           const float* filter, float* output, int num_lanes,
                           float* workspace, cudaStream_t stream, int device);
@@ -94,8 +94,7 @@ std::string MatMul(int64_t m, int64_t n, int64_t k, const float* a, const float*
                    int device);
 std::string MatMulGradWeights(int64_t m, int64_t k, int64_t n, const float* a,
                               const float* output_grad, float* grad_weights,
-                              int num_lanes, float* workspace, cudaStream_t stream,
-                              int device);
+                              int num_lanes, cudaStream_t stream, int device);
 
 // out[rows, channels] += bias[channels] (NHWC bias add), and the bias
 // gradient: grad[c] = sum over rows of dy[row, c], in row order.

@@ -206,10 +206,10 @@ TEST(MatMulIsRightAndBitwiseTheSameForEveryLaneCount) {
     auto a = Random(m * k, m), w = Random(k * n, k), dy = Random(m * n, n);
     std::vector<float> y1, dx1, dw1;
     for (int64_t lanes : {1, 2, 4, 7}) {
-      std::vector<float> y(m * n), dx(m * k), dw(k * n), ws(MatMulGradWeightsWorkspace(m, k, n) + 1);
+      std::vector<float> y(m * n), dx(m * k), dw(k * n);
       ConcurrentMatMul(m, n, k, a.data(), w.data(), false, y.data(), lanes, pool);
       ConcurrentMatMul(m, k, n, dy.data(), w.data(), true, dx.data(), lanes, pool);
-      MatMulGradWeights(m, k, n, a.data(), dy.data(), dw.data(), lanes, ws.data(), pool);
+      MatMulGradWeights(m, k, n, a.data(), dy.data(), dw.data(), lanes, pool);
       if (lanes == 1) {
         for (int64_t i = 0; i < m; ++i) {
           for (int64_t j = 0; j < n; ++j) {

@@ -170,16 +170,16 @@ TEST(MatMulMatchesCpuAndIsBitwiseTheSameForEveryLaneCount) {
   const int64_t m = 130, k = 70, n = 33;
   auto a = Random(m * k, 1), w = Random(k * n, 2), dy = Random(m * n, 3);
   const core::CpuLanePool& cpu = core::CpuLanePool::Global();
-  std::vector<float> y(m * n), dx(m * k), dw(k * n), ws(core::MatMulGradWeightsWorkspace(m, k, n) + 1);
+  std::vector<float> y(m * n), dx(m * k), dw(k * n);
   core::ConcurrentMatMul(m, n, k, a.data(), w.data(), false, y.data(), 1, cpu);
   core::ConcurrentMatMul(m, k, n, dy.data(), w.data(), true, dx.data(), 1, cpu);
-  core::MatMulGradWeights(m, k, n, a.data(), dy.data(), dw.data(), 1, ws.data(), cpu);
-  DeviceBuffer da(a), dwt(w), ddy(dy), gy(m * n), gdx(m * k), gdw(k * n), gws(core::MatMulGradWeightsWorkspace(m, k, n));
+  core::MatMulGradWeights(m, k, n, a.data(), dy.data(), dw.data(), 1, cpu);
+  DeviceBuffer da(a), dwt(w), ddy(dy), gy(m * n), gdx(m * k), gdw(k * n);
   std::vector<float> first;
   for (int lanes : {1, 2, 4, 8}) {
     CHECK_OK(MatMul(m, n, k, da.ptr, dwt.ptr, false, gy.ptr, lanes, nullptr, 0));
     CHECK_OK(MatMul(m, k, n, ddy.ptr, dwt.ptr, true, gdx.ptr, lanes, nullptr, 0));
-    CHECK_OK(MatMulGradWeights(m, k, n, da.ptr, ddy.ptr, gdw.ptr, lanes, gws.ptr, nullptr, 0));
+    CHECK_OK(MatMulGradWeights(m, k, n, da.ptr, ddy.ptr, gdw.ptr, lanes, nullptr, 0));
     CHECK_CUDA(cudaDeviceSynchronize());
     std::vector<float> all = gy.Get(m * n), part = gdx.Get(m * k), part2 = gdw.Get(k * n);
     ExpectClose(all, y, 1e-5f);

@@ -132,8 +132,9 @@ def concurrent_matmul(
         concurrency: Number of lanes, 1..64.
 
     Returns:
-        float32 [rows, cols]. The weight gradient is summed over fixed groups
-        of rows in order, so results do not depend on `concurrency`.
+        float32 [rows, cols]. Every element of the result and of both
+        gradients is an in-order sum computed by one lane, so results do not
+        depend on `concurrency`.
 
     Raises:
         ValueError: for a bad concurrency.

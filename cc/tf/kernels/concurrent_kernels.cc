@@ -172,10 +172,8 @@ class ConcurrentMatMulGradWeightsOp : public OpKernel {
     Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k, n}), &output));
     if (k == 0 || n == 0) return;
-    Tensor workspace;
-    OP_REQUIRES_OK(ctx, Workspace(ctx, core::MatMulGradWeightsWorkspace(m, k, n), &workspace));
     core::MatMulGradWeights(m, k, n, Data(a), Data(dy), Data(output), lanes_,
-                            Data(&workspace), core::CpuLanePool::Global());
+                            core::CpuLanePool::Global());
   }
 
  private:

@@ -198,10 +198,8 @@ class ConcurrentMatMulGradWeightsGpuOp : public OpKernel {
     cudaStream_t stream;
     int device;
     OP_REQUIRES_OK(ctx, OpStream(ctx, &stream, &device));
-    Tensor workspace;
-    OP_REQUIRES_OK(ctx, Workspace(ctx, core::MatMulGradWeightsWorkspace(m, k, n), &workspace));
     OP_REQUIRES_OK(ctx, FromCuda(kOp, cuda::MatMulGradWeights(m, k, n, Data(a), Data(dy), Data(output), lanes_,
-                                                               Data(&workspace), stream, device)));
+                                                               stream, device)));
   }
 
  private:

@@ -166,8 +166,9 @@ REGISTER_OP("Glp>ConcurrentMatMulGradWeights")
       return absl::OkStatus();
     })
     .Doc(R"doc(
-a^T @ out_backprop, summed over fixed groups of rows in order (bitwise
-identical for every concurrency).
+a^T @ out_backprop, blocks of output rows split over `concurrency` lanes,
+each element summed over all rows in order (bitwise identical for every
+concurrency).
 )doc");
 
 }  // namespace tf_glp::tf
