@@ -36,7 +36,8 @@ def _nvcc_command(inputs, output):
     # One archive of all CUDA objects, compiled in parallel; the .pic.lo name
     # makes Bazel link it whole (alwayslink), like setup.py's object list. It
     # is empty when there are no CUDA sources (their filegroup may be empty,
-    # and Bazel cannot tell before running this).
+    # and Bazel cannot tell before running this). nvcc's output (warnings
+    # from TensorFlow's headers) is shown only when it fails, as setup.py does.
     return """
 set -e
 objects=$$(mktemp -d)
@@ -48,10 +49,18 @@ for src in $(locations {inputs}); do
     *) continue ;;
   esac
   obj="$$objects/$$(echo "$$src" | tr / _).o"
-  {nvcc} {flags} -c "$$src" -o "$$obj" &
+  (
+    if ! {nvcc} {flags} -c "$$src" -o "$$obj" > "$$obj.log" 2>&1; then
+      echo "nvcc failed on $$src:" >&2
+      cat "$$obj.log" >&2
+      exit 1
+    fi
+  ) &
   pids="$$pids $$!"
 done
-for pid in $$pids; do wait $$pid; done
+failed=0
+for pid in $$pids; do wait $$pid || failed=1; done
+[ $$failed -eq 0 ]
 rm -f $(location {output})
 ar rcs $(location {output}) $$(find "$$objects" -name '*.o' | sort)
 """.format(inputs = inputs, nvcc = NVCC, flags = " ".join(flags), output = output)
