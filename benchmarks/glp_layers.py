@@ -155,7 +155,14 @@ def main() -> None:
             f"({elapsed:.0f} s). Median ms per forward+backward step inside tf.function "
             "(weight gradients, plus the input gradient except for the first layer); "
             "\"k best / k1\": speed-up from lanes; \"native / GLP best\": above 1 means the GLP layer is faster "
-            "than Keras' native one (oneDNN on this CPU).\n\n" + table + "\n"
+            "than Keras' native one (oneDNN on this CPU).\n\n" + table + "\n\n"
+            "Notes. GLP's CPU lanes are threads of one process-wide pool with one thread per core, so on 2 cores "
+            "k = 4 cannot beat k = 2; lanes only help when the cores are otherwise idle, which a load average "
+            "above 2 (other jobs on the machine) rules out: then every k measures about the same. Keras' native "
+            "layers use oneDNN's direct convolutions (and, unlike GLP, TensorFlow's intra-op threads inside one "
+            "sample); GLP runs im2col + a cache-blocked GEMM (cc/core/gemm.h, AVX-512/AVX2 FMA, about 70-100 "
+            "GFLOP/s per core here), which loses most on layers with few input channels (im2col of 3 channels, "
+            "GEMM depth 27).\n"
         )
         write_section(args.results, body)
 
