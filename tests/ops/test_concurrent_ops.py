@@ -260,3 +260,15 @@ def test_gpu_kernels_match_cpu_and_are_bitwise_identical_for_every_concurrency(r
                 assert a.tobytes() == b.tobytes()
     for a, b in zip(first, cpu):
         close(a, b, 1e-4)
+
+
+@pytest.mark.parametrize("mode", ["auto", "0"])
+def test_right_where_tensorflows_float32_conv_is_wrong(rng, native_mode, mode):
+    # TF 2.21's oneDNN float32 convolution gives zeros for the second output
+    # row here; native and fallback must both be right (float64 reference).
+    native_mode(mode)
+    x = rng.standard_normal((2, 2, 1, 1)).astype(np.float32)
+    w = rng.standard_normal((1, 2, 1, 1)).astype(np.float32)
+    expected = tf.nn.convolution(x.astype(np.float64), w.astype(np.float64), strides=(1, 2), padding="SAME")
+    close(concurrent_conv2d(x, w, strides=(1, 2), padding="same", concurrency=2), expected, 1e-5)
+    assert concurrent_conv2d(np.zeros((0, 8, 8, 2), np.float32), np.zeros((3, 3, 2, 4), np.float32), padding="same").shape == (0, 8, 8, 4)

@@ -9,7 +9,7 @@ determinism] in cc/core/conv.h); against TensorFlow's own kernels results
 agree to float32 rounding.
 
 Without the native library (see tf_glp._native) the ops run pure TensorFlow
-(`tf.nn.convolution`, `tf.matmul` and their gradients), which ignores
+(im2col by `tf.image.extract_patches` + `tf.matmul`, and their gradients), which ignores
 `concurrency` and agrees with the native ops to float32 rounding.
 """
 
@@ -116,7 +116,32 @@ def concurrent_conv2d(
         return native.glp_concurrent_conv2d(
             inputs, filters, strides=strides, padding=padding, dilations=dilations, concurrency=concurrency
         )
-    return tf.nn.convolution(inputs, filters, strides=strides, padding=padding, dilations=dilations)
+    return _fallback_conv2d(inputs, filters, strides, padding, dilations)
+
+
+def _fallback_conv2d(inputs, filters, strides, padding, dilations) -> tf.Tensor:
+    """im2col + matmul in TensorFlow: the native kernels' algorithm.
+
+    Not tf.nn.convolution: TensorFlow 2.21's float32 CPU convolution (oneDNN)
+    gives wrong outputs for some shapes (e.g. a 2x1 input, a 1x2 filter,
+    strides (1, 2), "same") and a wrong channel count for an empty batch.
+    """
+    kh, kw = filters.shape[0], filters.shape[1]
+    if kh is None or kw is None:  # extract_patches needs static sizes
+        return tf.nn.convolution(inputs, filters, strides=strides, padding=padding, dilations=dilations)
+    patches = tf.image.extract_patches(
+        inputs,
+        sizes=[1, kh, kw, 1],
+        strides=[1, strides[0], strides[1], 1],
+        rates=[1, dilations[0], dilations[1], 1],
+        padding=padding,
+    )
+    patch_size = kh * kw * tf.shape(filters)[2]
+    out_channels = tf.shape(filters)[3]
+    outputs = tf.matmul(tf.reshape(patches, [-1, patch_size]), tf.reshape(filters, [patch_size, out_channels]))
+    outputs = tf.reshape(outputs, tf.concat([tf.shape(patches)[:3], [out_channels]], axis=0))
+    outputs.set_shape(patches.shape[:3].concatenate(filters.shape[3:]))
+    return outputs
 
 
 @tf.autograph.experimental.do_not_convert  # Note [No AutoGraph in tf_glp]
