@@ -161,7 +161,9 @@ def convert(
     The new model (same architecture, built by keras.models.clone_model)
     shares every variable with `model`: training either trains both. Other
     layers are shared as they are. Subclasses of Conv2D/Dense and layers
-    already from tf_glp are left alone. The new model is not compiled.
+    already from tf_glp are left alone. The new model is not compiled. (A
+    layer of a model that was never built has no variables yet; its twin
+    then makes its own when first called.)
 
     Args:
         model: A functional or Sequential Keras model.
