@@ -10,7 +10,8 @@ set -euo pipefail
 die() { echo "build_pip_pkg: error: $*" >&2; exit 1; }
 
 [ $# -eq 1 ] || die "usage: bazel run //:build_pip_pkg -- OUTDIR"
-out="$1"
+out="${1%/}"
+[ -n "$out" ] || out="/"
 case "$out" in
   /*) ;;
   *) out="${BUILD_WORKING_DIRECTORY:-$PWD}/$out" ;;
