@@ -1,4 +1,4 @@
-"""The Bazel wheel and `pip wheel .` hold the same files (issue 6).
+"""The Bazel wheel and `pip wheel .` hold the same files and code (issue 6).
 
 Both wheels are built by tools/bazel_ci.sh, which then runs this file with
 TF_GLP_BAZEL_WHEEL and TF_GLP_PIP_WHEEL naming them; without those variables
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
 import zipfile
 
 import pytest
@@ -84,6 +86,46 @@ def test_both_libraries_carry_the_same_build_marker(wheels: tuple[str, str]) -> 
         assert match, f"{path}: {_OP_LIBRARY} has no 'tf_glp built against TensorFlow' marker"
         markers.append(match.group(1))
     assert markers[0] == markers[1]
+
+
+# Symbols the linker itself defines (their presence depends on the linker's
+# command line, not on the code).
+_LINKER_SYMBOLS = {"__bss_start", "_edata", "_end"}
+
+
+def dynamic_symbols(library: bytes, tmp_dir: str) -> tuple[set[str], set[str]]:
+    """(defined, undefined) dynamic symbol names of a shared library, by nm."""
+    path = os.path.join(tmp_dir, "library.so")
+    with open(path, "wb") as f:
+        f.write(library)
+
+    def names(option: str) -> set[str]:
+        output = subprocess.run(["nm", "-D", option, path], check=True, capture_output=True, text=True).stdout
+        return {line.split()[-1] for line in output.splitlines() if line.strip()}
+
+    return names("--defined-only") - _LINKER_SYMBOLS, names("--undefined-only")
+
+
+def test_both_libraries_hold_the_same_code(wheels: tuple[str, str], tmp_path) -> None:
+    """Same exported and imported symbols: the same ops, kernels and CUDA
+    code, linked against the same TensorFlow and CUDA runtime entry points."""
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) is not installed")
+    symbols = []
+    for index, path in enumerate(wheels):
+        with zipfile.ZipFile(path) as wheel:
+            folder = tmp_path / str(index)
+            folder.mkdir()
+            symbols.append(dynamic_symbols(wheel.read(_OP_LIBRARY), str(folder)))
+    (bazel_defined, bazel_undefined), (pip_defined, pip_undefined) = symbols
+    assert bazel_defined == pip_defined, (
+        f"defined only by the Bazel library: {sorted(bazel_defined - pip_defined)[:20]}; "
+        f"only by setup.py's: {sorted(pip_defined - bazel_defined)[:20]}"
+    )
+    assert bazel_undefined == pip_undefined, (
+        f"needed only by the Bazel library: {sorted(bazel_undefined - pip_undefined)[:20]}; "
+        f"only by setup.py's: {sorted(pip_undefined - bazel_undefined)[:20]}"
+    )
 
 
 def test_wheel_files_leaves_out_metadata_and_folders(tmp_path) -> None:
