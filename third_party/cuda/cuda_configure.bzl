@@ -45,5 +45,6 @@ cuda_configure = repository_rule(
     implementation = _cuda_configure_impl,
     environ = _ENV,
     local = True,
+    configure = True,
     doc = "Finds nvcc (see module doc).",
 )

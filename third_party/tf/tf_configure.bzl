@@ -116,5 +116,6 @@ tf_configure = repository_rule(
     implementation = _tf_configure_impl,
     environ = _PYTHON_ENV,
     local = True,
+    configure = True,
     doc = "Exposes the installed pip TensorFlow as a repository (see module doc).",
 )
