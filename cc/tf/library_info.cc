@@ -12,9 +12,8 @@
 
 extern "C" {
 
-__attribute__((used, visibility("default"))) extern const char
-    tf_glp_build_marker[];
-const char tf_glp_build_marker[] =
+extern const char tf_glp_build_marker[];
+__attribute__((used, visibility("default"))) const char tf_glp_build_marker[] =
     "tf_glp built against TensorFlow " TF_GLP_BUILT_AGAINST_TF;
 
 __attribute__((visibility("default"))) const char* tf_glp_cpu_kernels() {
