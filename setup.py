@@ -103,7 +103,19 @@ def _newer(target: str, dependencies: list[str]) -> bool:
     if not os.path.exists(target):
         return False
     stamp = os.path.getmtime(target)
-    return all(os.path.getmtime(d) <= stamp for d in dependencies)
+    return all(os.path.exists(d) and os.path.getmtime(d) <= stamp for d in dependencies)
+
+
+def _object_is_current(obj: str) -> bool:
+    """True when obj is newer than its source, every header the compiler
+    listed in obj.d (written by -MMD / nvcc -MD) and this file (the flags)."""
+    depfile = obj + ".d"
+    if not os.path.exists(depfile):
+        return False
+    with open(depfile) as f:
+        text = f.read().replace("\\\n", " ")
+    dependencies = [d for d in text.partition(":")[2].split() if d != "\\"]
+    return _newer(obj, [*dependencies, os.path.abspath(__file__)])
 
 
 class BuildNativeOps(build_ext):
@@ -119,10 +131,11 @@ class BuildNativeOps(build_ext):
         os.makedirs(os.path.dirname(output), exist_ok=True)
         cxx = find_cxx()
         tf_compile, tf_link, tf_version = tensorflow_flags()
-        # Objects depend on the TensorFlow headers: one folder per version.
-        object_dir = os.path.join(self.build_temp, f"tf_glp_native-tf{tf_version}")
+        # Objects live in the source tree, not in build_temp (which pip makes
+        # anew for every editable install), so rebuilds are incremental; they
+        # depend on the TensorFlow headers, hence one folder per version.
+        object_dir = os.path.join(ROOT, "build", "native", f"tf{tf_version}")
         os.makedirs(object_dir, exist_ok=True)
-        headers = _sources("cc/**/*.h") + _sources("cc/**/*.inc") + [os.path.abspath(__file__)]
         base = [
             *COMMON_FLAGS, *tf_compile, f"-I{ROOT}", "-Wno-deprecated-declarations",
             f'-DTF_GLP_BUILT_AGAINST_TF="{tf_version}"',
@@ -134,7 +147,7 @@ class BuildNativeOps(build_ext):
         for source in cxx_sources():
             extra = next((f for suffix, f in ISA_FLAGS.items() if source.endswith(suffix)), [])
             obj = os.path.join(object_dir, os.path.relpath(source, ROOT).replace(os.sep, "_") + ".o")
-            jobs.append((obj, source, [cxx, *base, *extra, "-c", source, "-o", obj]))
+            jobs.append((obj, source, [cxx, *base, *extra, "-MMD", "-MF", obj + ".d", "-c", source, "-o", obj]))
 
         nvcc = find_nvcc()
         cuda = nvcc is not None and bool(cuda_sources())
@@ -148,13 +161,13 @@ class BuildNativeOps(build_ext):
                     "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC",
                     "-Xcompiler", "-ffp-contract=off",
                     *[f for f in tf_compile if f.startswith(("-I", "-D"))],
-                    f"-I{ROOT}", *gencode, "-c", source, "-o", obj,
+                    f"-I{ROOT}", *gencode, "-MD", "-MF", obj + ".d", "-c", source, "-o", obj,
                 ]
                 jobs.append((obj, source, command))
 
         def compile_one(job):
             obj, source, command = job
-            if _newer(obj, [source, *headers]):
+            if _object_is_current(obj):
                 return obj
             print(" ".join(command), flush=True)
             result = subprocess.run(command, capture_output=True, text=True)

@@ -13,7 +13,7 @@ install() {
   if [ ! -x "$PY" ]; then
     python3 -m venv "$VENV"
   fi
-  "$PY" -m pip install -q --upgrade pip "setuptools>=64" wheel
+  "$PY" -m pip install -q --upgrade pip "setuptools>=77" wheel
   # TensorFlow first: the op library is compiled against it (setup.py), and
   # --no-build-isolation reuses this one instead of a second 2 GB copy.
   "$PY" -m pip install -q "tensorflow==2.21.*"
