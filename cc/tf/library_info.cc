@@ -12,8 +12,8 @@
 
 extern "C" {
 
-extern const char tf_glp_build_marker[];
-__attribute__((used, visibility("default"))) const char tf_glp_build_marker[] =
+// `used`: kept in the file although no code reads it.
+__attribute__((used)) static const char kBuildMarker[] =
     "tf_glp built against TensorFlow " TF_GLP_BUILT_AGAINST_TF;
 
 __attribute__((visibility("default"))) const char* tf_glp_cpu_kernels() {
