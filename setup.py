@@ -19,7 +19,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext

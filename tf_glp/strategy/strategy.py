@@ -24,7 +24,6 @@ and a short measured search during the first training steps (tuner.py).
 from __future__ import annotations
 
 import math
-import threading
 import time
 
 import numpy as np
@@ -95,7 +94,6 @@ class Strategy(tf.distribute.Strategy):
         self.update = update
         self.chunking = chunking
         self.compression = compression
-        self._lock = threading.Lock()
         # The chunk count in use while chunking="auto" (set by the tuner).
         self._auto_chunks: int | None = None
         self._tuned = chunking != "auto"

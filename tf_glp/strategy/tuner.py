@@ -60,7 +60,7 @@ class ChunkingTuner(keras.callbacks.Callback):
         from tf_glp.strategy.strategy import gradient_workload  # noqa: PLC0415 (circular)
 
         s._workload = gradient_workload(variables, s.num_replicas_in_sync)
-        s._max_chunks = self._max_chunks = max(1, len(variables))
+        self._max_chunks = max(1, len(variables))
         rates = s.host_rates()
         first = cost_model.best_chunk_count(s._workload, rates, self._max_chunks)
         s._search = []
