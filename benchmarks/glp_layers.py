@@ -12,8 +12,8 @@ and the ratios "k best / k1" (speed-up from lanes) and "native / GLP best"
 
 Usage:
     python benchmarks/glp_layers.py [--reps N] [--results benchmarks/RESULTS.md]
-With --results the table replaces (or appends) the section
-"## GLP layers (issue 5)" of that file; other sections are kept.
+With --results the table is appended to that file as a dated section
+"## GLP layers (issue 5) — DATE"; older sections are kept.
 """
 
 from __future__ import annotations
@@ -123,15 +123,10 @@ def run(reps_override: int | None) -> str:
 
 
 def write_section(path: str, body: str) -> None:
+    """Appends a dated section; older results stay in the file."""
     text = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + body + "\n"
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + body + ("\n" + text[nxt + 1:] if nxt >= 0 else "\n")
     with open(path, "w") as f:
-        f.write(text)
+        f.write(text.rstrip("\n") + "\n\n" + body + "\n")
 
 
 def main() -> None:
@@ -150,7 +145,7 @@ def main() -> None:
     print(f"\n{table}\n\n({elapsed:.0f} s)")
     if args.results:
         body = (
-            f"{SECTION}\n\n{info}\n\n"
+            f"{SECTION} — {datetime.date.today().isoformat()}\n\n{info}\n\n"
             "Command: `python benchmarks/glp_layers.py --results benchmarks/RESULTS.md` "
             f"({elapsed:.0f} s). Median ms per forward+backward step inside tf.function "
             "(weight gradients, plus the input gradient except for the first layer); "
