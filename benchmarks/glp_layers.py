@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_glp  # noqa: E402
+from results_file import append_section  # noqa: E402
 from tf_glp import layers as glp_layers  # noqa: E402
 
 SECTION = "## GLP layers (issue 5)"
@@ -122,11 +123,7 @@ def run(reps_override: int | None) -> str:
     return header + "\n" + "\n".join(rows)
 
 
-def write_section(path: str, body: str) -> None:
-    """Appends a dated section; older results stay in the file."""
-    text = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
-    with open(path, "w") as f:
-        f.write(text.rstrip("\n") + "\n\n" + body + "\n")
+
 
 
 def main() -> None:
@@ -159,7 +156,7 @@ def main() -> None:
             "GFLOP/s per core here), which loses most on layers with few input channels (im2col of 3 channels, "
             "GEMM depth 27).\n"
         )
-        write_section(args.results, body)
+        append_section(body, args.results)
 
 
 if __name__ == "__main__":

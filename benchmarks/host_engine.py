@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_glp  # noqa: E402
+from results_file import append_section  # noqa: E402
 from tf_glp.ops import FusedKerasUpdate, host_reduce  # noqa: E402
 
 MB = 1 << 20
@@ -195,7 +196,6 @@ def main() -> None:
     elapsed = time.time() - start
     print(f"benchmark took {elapsed:.0f} s")
     if args.write_results:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
         section = [
             f"## Host engine (issue 3) — {datetime.date.today().isoformat()}",
             "",
@@ -216,10 +216,7 @@ def main() -> None:
             *targets,
             "",
         ]
-        existing = open(path).read() if os.path.exists(path) else "# Benchmark results\n\nNewest sections are appended at the end; older rows are kept.\n\n"
-        with open(path, "w") as f:
-            f.write(existing.rstrip("\n") + "\n\n" + "\n".join(section))
-        print(f"appended to {path}")
+        append_section("\n".join(section))
 
 
 if __name__ == "__main__":

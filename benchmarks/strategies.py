@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 
+from results_file import append_section
+
 WARMUP = 25
 STEPS = 30
 
@@ -163,17 +165,13 @@ def main() -> None:
     elapsed = time.time() - start
     print(f"benchmark took {elapsed:.0f} s")
     if args.write_results:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
         text = [f"## Strategies (issue 4) — {datetime.date.today().isoformat()}", "",
                 f"Machine: {platform.machine()}, {os.cpu_count()} cores; logical CPU devices share them. "
                 f"Command: `python benchmarks/strategies.py --write-results` ({elapsed:.0f} s). Steps/s, "
                 f"global batch 64 per replica, Adam, {STEPS} steps timed inside one fit after {WARMUP} warm-up steps "
                 "(which include tf_glp's chunking search).", "", *sections, *verdicts, "",
                 "tf_glp's chunking search (MLP):", "", "```", *"\n\n".join(explains).splitlines(), "```", ""]
-        existing = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
-        with open(path, "w") as f:
-            f.write(existing.rstrip("\n") + "\n\n" + "\n".join(text))
-        print(f"appended to {path}")
+        append_section("\n".join(text))
 
 
 if __name__ == "__main__":
