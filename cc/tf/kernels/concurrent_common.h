@@ -108,6 +108,137 @@ inline absl::Status SizesToShape(const char* op, const char* what,
   return tensorflow::TensorShape::BuildTensorShape({v(0), v(1), v(2), v(3)}, shape);
 }
 
+// What is left for the device once a Prepare* function has checked the
+// inputs and allocated the output. Zeroing is device work (setZero on the CPU,
+// cudaMemsetAsync on the op's stream), so the caller does it.
+enum class Work {
+  kNone,        // The output is empty.
+  kZeroOutput,  // The output is a sum over nothing: all zeros.
+  kCompute,     // Run the core.
+};
+
+// The Prepare* functions below hold the steps that the CPU and CUDA kernels of
+// each op share, so that both report the same errors and agree on when there
+// is nothing to compute.
+
+// Glp>ConcurrentConv2D: output [batch, out_h, out_w, out_c].
+inline absl::Status PrepareConv2D(tensorflow::OpKernelContext* ctx,
+                                  const ConvAttrs& attrs, const char* op,
+                                  core::Conv2DShape* shape,
+                                  tensorflow::Tensor** output, Work* work) {
+  TF_RETURN_IF_ERROR(
+      attrs.Shape(op, ctx->input(0).shape(), ctx->input(1).shape(), shape));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(
+      0,
+      tensorflow::TensorShape(
+          {shape->batch, shape->out_h, shape->out_w, shape->out_c}),
+      output));
+  *work = shape->batch == 0 ? Work::kNone : Work::kCompute;
+  return absl::OkStatus();
+}
+
+// out_backprop of the conv gradient ops must have the forward output's shape.
+inline absl::Status CheckOutBackprop(const char* op,
+                                     const core::Conv2DShape& shape,
+                                     const tensorflow::Tensor& out_backprop) {
+  const tensorflow::TensorShape expected(
+      {shape.batch, shape.out_h, shape.out_w, shape.out_c});
+  if (out_backprop.shape() == expected) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": out_backprop must have shape ",
+                   expected.DebugString(), ", got ",
+                   out_backprop.shape().DebugString()));
+}
+
+// Glp>ConcurrentConv2DBackpropInput: output of shape input_sizes.
+inline absl::Status PrepareConv2DBackpropInput(
+    tensorflow::OpKernelContext* ctx, const ConvAttrs& attrs, const char* op,
+    core::Conv2DShape* shape, tensorflow::Tensor** output, Work* work) {
+  tensorflow::TensorShape input_shape;
+  TF_RETURN_IF_ERROR(
+      SizesToShape(op, "input_sizes", ctx->input(0), &input_shape));
+  TF_RETURN_IF_ERROR(
+      attrs.Shape(op, input_shape, ctx->input(1).shape(), shape));
+  TF_RETURN_IF_ERROR(CheckOutBackprop(op, *shape, ctx->input(2)));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, input_shape, output));
+  *work = shape->batch == 0 ? Work::kNone : Work::kCompute;
+  return absl::OkStatus();
+}
+
+// Glp>ConcurrentConv2DBackpropFilter: output of shape filter_sizes, zero for
+// an empty batch (the filter itself is not empty).
+inline absl::Status PrepareConv2DBackpropFilter(
+    tensorflow::OpKernelContext* ctx, const ConvAttrs& attrs, const char* op,
+    core::Conv2DShape* shape, tensorflow::Tensor** output, Work* work) {
+  tensorflow::TensorShape filter_shape;
+  TF_RETURN_IF_ERROR(
+      SizesToShape(op, "filter_sizes", ctx->input(1), &filter_shape));
+  TF_RETURN_IF_ERROR(
+      attrs.Shape(op, ctx->input(0).shape(), filter_shape, shape));
+  TF_RETURN_IF_ERROR(CheckOutBackprop(op, *shape, ctx->input(2)));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, filter_shape, output));
+  *work = shape->batch == 0 ? Work::kZeroOutput : Work::kCompute;
+  return absl::OkStatus();
+}
+
+// Sizes of the matmul ops: the product is [m, n], summed over k.
+struct MatMulDims {
+  int64_t m = 0, n = 0, k = 0;
+};
+
+// Glp>ConcurrentMatMul: a [m, k] times b [k, n] (or b^T with b [n, k]).
+inline absl::Status PrepareMatMul(tensorflow::OpKernelContext* ctx,
+                                  const char* op, bool transpose_b,
+                                  MatMulDims* dims,
+                                  tensorflow::Tensor** output, Work* work) {
+  const tensorflow::Tensor& a = ctx->input(0);
+  const tensorflow::Tensor& b = ctx->input(1);
+  if (a.dims() != 2 || b.dims() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": a and b must be matrices, got shapes ", a.shape().DebugString(),
+        " and ", b.shape().DebugString()));
+  }
+  dims->m = a.dim_size(0), dims->k = a.dim_size(1);
+  dims->n = b.dim_size(transpose_b ? 0 : 1);
+  const int64_t b_inner = b.dim_size(transpose_b ? 1 : 0);
+  if (b_inner != dims->k) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": a has ", dims->k, " columns but b", transpose_b ? "^T" : "",
+        " has ", b_inner, " rows (shapes ", a.shape().DebugString(), " and ",
+        b.shape().DebugString(), ")"));
+  }
+  TF_RETURN_IF_ERROR(ctx->allocate_output(
+      0, tensorflow::TensorShape({dims->m, dims->n}), output));
+  if (dims->m == 0 || dims->n == 0) {
+    *work = Work::kNone;
+  } else {
+    *work = dims->k == 0 ? Work::kZeroOutput : Work::kCompute;
+  }
+  return absl::OkStatus();
+}
+
+// Glp>ConcurrentMatMulGradWeights: a^T [k, m] times out_backprop [m, n]; the
+// output is [k, n].
+inline absl::Status PrepareMatMulGradWeights(tensorflow::OpKernelContext* ctx,
+                                             const char* op, MatMulDims* dims,
+                                             tensorflow::Tensor** output,
+                                             Work* work) {
+  const tensorflow::Tensor& a = ctx->input(0);
+  const tensorflow::Tensor& dy = ctx->input(1);
+  if (a.dims() != 2 || dy.dims() != 2 || a.dim_size(0) != dy.dim_size(0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op,
+        ": a and out_backprop must be matrices with the same number of rows, "
+        "got shapes ",
+        a.shape().DebugString(), " and ", dy.shape().DebugString()));
+  }
+  dims->m = a.dim_size(0), dims->k = a.dim_size(1), dims->n = dy.dim_size(1);
+  TF_RETURN_IF_ERROR(ctx->allocate_output(
+      0, tensorflow::TensorShape({dims->k, dims->n}), output));
+  *work = dims->k == 0 || dims->n == 0 ? Work::kNone : Work::kCompute;
+  return absl::OkStatus();
+}
+
 }  // namespace tf_glp::tf
 
 #endif  // TF_GLP_CC_TF_KERNELS_CONCURRENT_COMMON_H_

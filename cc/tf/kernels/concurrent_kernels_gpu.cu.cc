@@ -1,7 +1,7 @@
-// CUDA kernels of the layer-concurrency ops: the same checks and allocation
-// as the CPU kernels (concurrent_kernels.cc), then cc/cuda/lane_pool_cuda.h on
-// lanes forked from and joined back to the op's TensorFlow stream. Compiled
-// only when setup.py finds nvcc.
+// CUDA kernels of the layer-concurrency ops: the checks and allocation shared
+// with the CPU kernels (Prepare* in concurrent_common.h), then
+// cc/cuda/lane_pool_cuda.h on lanes forked from and joined back to the op's
+// TensorFlow stream. Compiled only when setup.py finds nvcc.
 #if GOOGLE_CUDA
 #include <cuda_runtime.h>
 
@@ -44,26 +44,31 @@ absl::Status FromCuda(const char* op, const std::string& error) {
   return error.empty() ? absl::OkStatus() : absl::InternalError(absl::StrCat(op, ": ", error));
 }
 
+// Zeroes an output on the op's stream (the kZeroOutput case of Prepare*).
+absl::Status ZeroOutput(const char* op, Tensor* output, cudaStream_t stream) {
+  const cudaError_t status = cudaMemsetAsync(Data(output), 0, sizeof(float) * output->NumElements(), stream);
+  return FromCuda(op, status == cudaSuccess ? "" : "cudaMemsetAsync failed");
+}
+
 class ConcurrentConv2DGpuOp : public OpKernel {
  public:
   explicit ConcurrentConv2DGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, attrs_.Read(ctx, kOp));
   }
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& input = ctx->input(0);
-    const Tensor& filter = ctx->input(1);
     core::Conv2DShape shape;
-    OP_REQUIRES_OK(ctx, attrs_.Shape(kOp, input.shape(), filter.shape(), &shape));
     Tensor* output = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({shape.batch, shape.out_h, shape.out_w, shape.out_c}), &output));
-    if (shape.batch == 0) return;
+    Work work;
+    OP_REQUIRES_OK(ctx, PrepareConv2D(ctx, attrs_, kOp, &shape, &output, &work));
+    if (work == Work::kNone) return;
     cudaStream_t stream;
     int device;
     OP_REQUIRES_OK(ctx, OpStream(ctx, &stream, &device));
     Tensor workspace;
     OP_REQUIRES_OK(ctx, Workspace(ctx, core::Conv2DForwardWorkspace(shape, attrs_.lanes), &workspace));
-    OP_REQUIRES_OK(ctx, FromCuda(kOp, cuda::Conv2DForward(shape, Data(input), Data(filter), Data(output),
-                                                           attrs_.lanes, Data(&workspace), stream, device)));
+    OP_REQUIRES_OK(ctx, FromCuda(kOp, cuda::Conv2DForward(shape, Data(ctx->input(0)), Data(ctx->input(1)),
+                                                           Data(output), attrs_.lanes, Data(&workspace), stream,
+                                                           device)));
   }
 
  private:
@@ -77,26 +82,19 @@ class ConcurrentConv2DBackpropInputGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, attrs_.Read(ctx, kOp));
   }
   void Compute(OpKernelContext* ctx) override {
-    TensorShape input_shape;
-    OP_REQUIRES_OK(ctx, SizesToShape(kOp, "input_sizes", ctx->input(0), &input_shape));
-    const Tensor& filter = ctx->input(1);
-    const Tensor& out_backprop = ctx->input(2);
     core::Conv2DShape shape;
-    OP_REQUIRES_OK(ctx, attrs_.Shape(kOp, input_shape, filter.shape(), &shape));
-    const TensorShape expected({shape.batch, shape.out_h, shape.out_w, shape.out_c});
-    OP_REQUIRES(ctx, out_backprop.shape() == expected,
-                absl::InvalidArgumentError(absl::StrCat(kOp, ": out_backprop must have shape ", expected.DebugString(),
-                                                        ", got ", out_backprop.shape().DebugString())));
     Tensor* output = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, input_shape, &output));
-    if (shape.batch == 0) return;
+    Work work;
+    OP_REQUIRES_OK(ctx, PrepareConv2DBackpropInput(ctx, attrs_, kOp, &shape, &output, &work));
+    if (work == Work::kNone) return;
     cudaStream_t stream;
     int device;
     OP_REQUIRES_OK(ctx, OpStream(ctx, &stream, &device));
     Tensor workspace;
     OP_REQUIRES_OK(ctx, Workspace(ctx, core::Conv2DBackpropInputWorkspace(shape, attrs_.lanes), &workspace));
-    OP_REQUIRES_OK(ctx, FromCuda(kOp, cuda::Conv2DBackpropInput(shape, Data(filter), Data(out_backprop), Data(output),
-                                                                 attrs_.lanes, Data(&workspace), stream, device)));
+    OP_REQUIRES_OK(ctx, FromCuda(kOp, cuda::Conv2DBackpropInput(shape, Data(ctx->input(1)), Data(ctx->input(2)),
+                                                                 Data(output), attrs_.lanes, Data(&workspace),
+                                                                 stream, device)));
   }
 
  private:
@@ -110,30 +108,22 @@ class ConcurrentConv2DBackpropFilterGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, attrs_.Read(ctx, kOp));
   }
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& input = ctx->input(0);
-    TensorShape filter_shape;
-    OP_REQUIRES_OK(ctx, SizesToShape(kOp, "filter_sizes", ctx->input(1), &filter_shape));
-    const Tensor& out_backprop = ctx->input(2);
     core::Conv2DShape shape;
-    OP_REQUIRES_OK(ctx, attrs_.Shape(kOp, input.shape(), filter_shape, &shape));
-    const TensorShape expected({shape.batch, shape.out_h, shape.out_w, shape.out_c});
-    OP_REQUIRES(ctx, out_backprop.shape() == expected,
-                absl::InvalidArgumentError(absl::StrCat(kOp, ": out_backprop must have shape ", expected.DebugString(),
-                                                        ", got ", out_backprop.shape().DebugString())));
     Tensor* output = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, filter_shape, &output));
+    Work work;
+    OP_REQUIRES_OK(ctx, PrepareConv2DBackpropFilter(ctx, attrs_, kOp, &shape, &output, &work));
     cudaStream_t stream;
     int device;
     OP_REQUIRES_OK(ctx, OpStream(ctx, &stream, &device));
-    if (shape.batch == 0) {
-      OP_REQUIRES_OK(ctx, FromCuda(kOp, cudaMemsetAsync(Data(output), 0, sizeof(float) * shape.FilterElements(), stream) == cudaSuccess
-                                            ? "" : "cudaMemsetAsync failed"));
+    if (work == Work::kZeroOutput) {
+      OP_REQUIRES_OK(ctx, ZeroOutput(kOp, output, stream));
       return;
     }
     Tensor workspace;
     OP_REQUIRES_OK(ctx, Workspace(ctx, core::Conv2DBackpropFilterWorkspace(shape, attrs_.lanes), &workspace));
-    OP_REQUIRES_OK(ctx, FromCuda(kOp, cuda::Conv2DBackpropFilter(shape, Data(input), Data(out_backprop), Data(output),
-                                                                  attrs_.lanes, Data(&workspace), stream, device)));
+    OP_REQUIRES_OK(ctx, FromCuda(kOp, cuda::Conv2DBackpropFilter(shape, Data(ctx->input(0)), Data(ctx->input(2)),
+                                                                  Data(output), attrs_.lanes, Data(&workspace),
+                                                                  stream, device)));
   }
 
  private:
@@ -148,29 +138,20 @@ class ConcurrentMatMulGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ReadConcurrency(ctx, kOp, &lanes_));
   }
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& a = ctx->input(0);
-    const Tensor& b = ctx->input(1);
-    OP_REQUIRES(ctx, a.dims() == 2 && b.dims() == 2,
-                absl::InvalidArgumentError(absl::StrCat(kOp, ": a and b must be matrices, got shapes ",
-                                                        a.shape().DebugString(), " and ", b.shape().DebugString())));
-    const int64_t m = a.dim_size(0), k = a.dim_size(1);
-    const int64_t b_inner = b.dim_size(transpose_b_ ? 1 : 0), n = b.dim_size(transpose_b_ ? 0 : 1);
-    OP_REQUIRES(ctx, b_inner == k,
-                absl::InvalidArgumentError(absl::StrCat(kOp, ": a has ", k, " columns but b", transpose_b_ ? "^T" : "",
-                                                        " has ", b_inner, " rows")));
+    MatMulDims d;
     Tensor* output = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m, n}), &output));
-    if (m == 0 || n == 0) return;
+    Work work;
+    OP_REQUIRES_OK(ctx, PrepareMatMul(ctx, kOp, transpose_b_, &d, &output, &work));
+    if (work == Work::kNone) return;
     cudaStream_t stream;
     int device;
     OP_REQUIRES_OK(ctx, OpStream(ctx, &stream, &device));
-    if (k == 0) {
-      OP_REQUIRES_OK(ctx, FromCuda(kOp, cudaMemsetAsync(Data(output), 0, sizeof(float) * m * n, stream) == cudaSuccess
-                                            ? "" : "cudaMemsetAsync failed"));
+    if (work == Work::kZeroOutput) {
+      OP_REQUIRES_OK(ctx, ZeroOutput(kOp, output, stream));
       return;
     }
-    OP_REQUIRES_OK(ctx, FromCuda(kOp, cuda::MatMul(m, n, k, Data(a), Data(b), transpose_b_, Data(output), lanes_,
-                                                    stream, device)));
+    OP_REQUIRES_OK(ctx, FromCuda(kOp, cuda::MatMul(d.m, d.n, d.k, Data(ctx->input(0)), Data(ctx->input(1)),
+                                                    transpose_b_, Data(output), lanes_, stream, device)));
   }
 
  private:
@@ -185,21 +166,17 @@ class ConcurrentMatMulGradWeightsGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ReadConcurrency(ctx, kOp, &lanes_));
   }
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& a = ctx->input(0);
-    const Tensor& dy = ctx->input(1);
-    OP_REQUIRES(ctx, a.dims() == 2 && dy.dims() == 2 && a.dim_size(0) == dy.dim_size(0),
-                absl::InvalidArgumentError(absl::StrCat(kOp, ": a and out_backprop must be matrices with the same "
-                                                        "number of rows, got shapes ", a.shape().DebugString(),
-                                                        " and ", dy.shape().DebugString())));
-    const int64_t m = a.dim_size(0), k = a.dim_size(1), n = dy.dim_size(1);
+    MatMulDims d;
     Tensor* output = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k, n}), &output));
-    if (k == 0 || n == 0) return;
+    Work work;
+    OP_REQUIRES_OK(ctx, PrepareMatMulGradWeights(ctx, kOp, &d, &output, &work));
+    if (work == Work::kNone) return;
     cudaStream_t stream;
     int device;
     OP_REQUIRES_OK(ctx, OpStream(ctx, &stream, &device));
-    OP_REQUIRES_OK(ctx, FromCuda(kOp, cuda::MatMulGradWeights(m, k, n, Data(a), Data(dy), Data(output), lanes_,
-                                                               stream, device)));
+    OP_REQUIRES_OK(ctx, FromCuda(kOp, cuda::MatMulGradWeights(d.m, d.k, d.n, Data(ctx->input(0)),
+                                                               Data(ctx->input(1)), Data(output), lanes_, stream,
+                                                               device)));
   }
 
  private:

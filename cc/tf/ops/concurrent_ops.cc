@@ -71,6 +71,13 @@ absl::Status ShapeFromSizesInput(InferenceContext* c, int index) {
   return absl::OkStatus();
 }
 
+// Both inputs of the matmul ops must be matrices.
+absl::Status MatrixInputs(InferenceContext* c, ShapeHandle* first,
+                          ShapeHandle* second) {
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, first));
+  return c->WithRank(c->input(1), 2, second);
+}
+
 constexpr char kConvAttrsDoc[] = R"doc(
 strides: [stride_height, stride_width].
 padding: "SAME" or "VALID", as tf.nn.conv2d.
@@ -133,8 +140,7 @@ REGISTER_OP("Glp>ConcurrentMatMul")
     .Attr("concurrency: int = 1")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle a, b;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &a));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &b));
+      TF_RETURN_IF_ERROR(MatrixInputs(c, &a, &b));
       bool transpose_b;
       TF_RETURN_IF_ERROR(c->GetAttr("transpose_b", &transpose_b));
       DimensionHandle inner;
@@ -158,8 +164,7 @@ REGISTER_OP("Glp>ConcurrentMatMulGradWeights")
     .Attr("concurrency: int = 1")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle a, dy;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &a));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &dy));
+      TF_RETURN_IF_ERROR(MatrixInputs(c, &a, &dy));
       DimensionHandle rows;
       TF_RETURN_IF_ERROR(c->Merge(c->Dim(a, 0), c->Dim(dy, 0), &rows));
       c->set_output(0, c->Matrix(c->Dim(a, 1), c->Dim(dy, 1)));
