@@ -158,18 +158,25 @@ void Col2ImAdd(const Conv2DShape& s, const float* col, float* sample) {
   }
 }
 
+namespace {
+
+// A sample's im2col matrix: the sample itself for a 1x1, stride-1 convolution
+// (already [pixels, channels]), else built in the lane's scratch.
+const float* SampleColumns(const Conv2DShape& s, const float* sample, float* scratch) {
+  if (s.IsPointwise()) return sample;
+  Im2Col(s, sample, scratch);
+  return scratch;
+}
+
+}  // namespace
+
 void Conv2DForward(const Conv2DShape& s, const float* input, const float* filter,
                    float* output, int64_t num_lanes, float* workspace,
                    const CpuLanePool& pool) {
   const int64_t col_size = s.OutputPixels() * s.PatchSize();
   pool.Run(num_lanes, s.batch, [&](int lane, int64_t n) {
-    const float* sample = input + n * s.InputSampleElements();
-    const float* col = sample;
-    if (!s.IsPointwise()) {
-      float* own = workspace + lane * col_size;
-      Im2Col(s, sample, own);
-      col = own;
-    }
+    const float* col = SampleColumns(s, input + n * s.InputSampleElements(),
+                                     workspace + lane * col_size);
     GemmArgs g;
     g.m = s.OutputPixels();
     g.n = s.out_c;
@@ -227,13 +234,8 @@ void Conv2DBackpropFilter(const Conv2DShape& s, const float* input,
     const int64_t first = SplitPoint(s.batch, groups, group);
     const int64_t last = SplitPoint(s.batch, groups, group + 1);
     for (int64_t n = first; n < last; ++n) {
-      const float* sample = input + n * s.InputSampleElements();
-      const float* col = sample;
-      if (!s.IsPointwise()) {
-        float* own = cols + lane * col_size;
-        Im2Col(s, sample, own);
-        col = own;
-      }
+      const float* col = SampleColumns(s, input + n * s.InputSampleElements(),
+                                       cols + lane * col_size);
       GemmArgs g;  // partial (+)= col^T * dy[n]
       g.transpose_a = true;
       g.m = s.PatchSize();

@@ -1,10 +1,7 @@
 #include "cc/core/host_optimizers.h"
 
-#include <algorithm>
 #include <cmath>
 #include <string>
-
-#include "cc/core/host_reduce.h"
 
 namespace tf_glp::core {
 namespace {
@@ -89,16 +86,8 @@ std::string HostApplyUpdate(const HostUpdateSpec& spec,
   const int64_t bytes_moved =
       spec.num_elements * (a.num_grads * DTypeSize(a.grad_dtype) + 8 +
                            (needs_slot0 ? 8 : 0) + (needs_slot1 ? 8 : 0));
-  if (bytes_moved < kSerialBytesThreshold || runner.NumThreads() == 1) {
-    kernel(a, 0, spec.num_elements);
-    return "";
-  }
-  const int64_t num_tasks =
-      (spec.num_elements + kElementsPerTask - 1) / kElementsPerTask;
-  runner.ParallelFor(num_tasks, [&](int64_t first, int64_t last) {
-    kernel(a, first * kElementsPerTask,
-           std::min(last * kElementsPerTask, spec.num_elements));
-  });
+  RunElementwise(runner, spec.num_elements, bytes_moved,
+                 [&](int64_t begin, int64_t end) { kernel(a, begin, end); });
   return "";
 }
 

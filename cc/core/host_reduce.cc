@@ -1,6 +1,5 @@
 #include "cc/core/host_reduce.h"
 
-#include <algorithm>
 #include <string>
 
 #include "cc/core/kernels.h"
@@ -67,16 +66,8 @@ std::string HostReduce(const HostReduceSpec& spec, const ParallelRunner& runner,
 
   const int64_t bytes_moved =
       output_bytes + spec.num_elements * spec.num_inputs * DTypeSize(spec.input_dtype);
-  if (bytes_moved < kSerialBytesThreshold || runner.NumThreads() == 1) {
-    kernel(args, 0, spec.num_elements);
-    return "";
-  }
-  const int64_t num_tasks =
-      (spec.num_elements + kElementsPerTask - 1) / kElementsPerTask;
-  runner.ParallelFor(num_tasks, [&](int64_t first, int64_t last) {
-    kernel(args, first * kElementsPerTask,
-           std::min(last * kElementsPerTask, spec.num_elements));
-  });
+  RunElementwise(runner, spec.num_elements, bytes_moved,
+                 [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
   return "";
 }
 

@@ -33,12 +33,6 @@ struct HostReduceSpec {
 std::string HostReduce(const HostReduceSpec& spec, const ParallelRunner& runner,
                        Isa isa = Isa::kBest);
 
-// Below this many bytes moved, work runs on the calling thread: waking other
-// threads costs more than it saves.
-constexpr int64_t kSerialBytesThreshold = 1 << 20;
-// Elements per task handed to the runner (a multiple of every vector width).
-constexpr int64_t kElementsPerTask = 16 << 10;
-
 }  // namespace tf_glp::core
 
 #endif  // TF_GLP_CC_CORE_HOST_REDUCE_H_

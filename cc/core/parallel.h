@@ -4,6 +4,7 @@
 #ifndef TF_GLP_CC_CORE_PARALLEL_H_
 #define TF_GLP_CC_CORE_PARALLEL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 
@@ -34,6 +35,30 @@ class SerialRunner final : public ParallelRunner {
     if (num_tasks > 0) fn(0, num_tasks);
   }
 };
+
+// Below this many bytes moved, elementwise work runs on the calling thread:
+// waking other threads costs more than it saves.
+constexpr int64_t kSerialBytesThreshold = 1 << 20;
+// Elements per task handed to a runner by RunElementwise (a multiple of every
+// vector width, so only a buffer's last task has a scalar tail).
+constexpr int64_t kElementsPerTask = 16 << 10;
+
+// Runs kernel(begin, end) over [0, num_elements): on the calling thread when
+// the work is small or the runner has one thread, else in tasks of
+// kElementsPerTask elements on the runner. For elementwise kernels whose
+// result does not depend on how the range is split.
+template <class Kernel>
+void RunElementwise(const ParallelRunner& runner, int64_t num_elements,
+                    int64_t bytes_moved, const Kernel& kernel) {
+  if (bytes_moved < kSerialBytesThreshold || runner.NumThreads() == 1) {
+    kernel(int64_t{0}, num_elements);
+    return;
+  }
+  const int64_t num_tasks = (num_elements + kElementsPerTask - 1) / kElementsPerTask;
+  runner.ParallelFor(num_tasks, [&](int64_t first, int64_t last) {
+    kernel(first * kElementsPerTask, std::min(last * kElementsPerTask, num_elements));
+  });
+}
 
 }  // namespace tf_glp::core
 

@@ -46,13 +46,20 @@ def _run_ops(kind, rng_seed, size, dtype, n, decay, native_mode, native):
     return var.numpy(), slot0.numpy(), slot1.numpy()
 
 
+# Every dtype and N on the small sizes; the large size once per kind, to keep
+# the suite fast.
+EQUIVALENCE_CASES = [
+    (size, dtype, n, decay)
+    for size in SIZES
+    for dtype in GRAD_DTYPES
+    for n, decay in [(1, False), (3, True), (10, False)]
+    if size < 2000 or (n == 3 and dtype == tf.float32)
+]
+
+
 @pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov", "adam"])
-@pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("dtype", GRAD_DTYPES)
-@pytest.mark.parametrize("n,decay", [(1, False), (3, True), (10, False)])
+@pytest.mark.parametrize("size,dtype,n,decay", EQUIVALENCE_CASES)
 def test_native_equals_fallback_bitwise(kind, size, dtype, n, decay, native_mode):
-    if size > 2000 and (n != 3 or dtype != tf.float32):
-        pytest.skip("the large size runs once per kind, to keep the suite fast")
     if not tf_glp.native_available():
         pytest.skip("native library not in use")
     native = _run_ops(kind, size + n, size, dtype, n, decay, native_mode, True)

@@ -14,9 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-Chunking = "str | int"
-
-
 def validate_chunking(chunking) -> None:
     """Raises ValueError unless chunking is "auto", "none", a chunk count
     (int >= 1) or a byte size (a string such as "4MB")."""

@@ -30,6 +30,11 @@ def local_components(value) -> list[tf.Tensor]:
     return dense
 
 
+def byte_sizes(parts_per_value: Sequence[Sequence[tf.Tensor]]) -> list[int]:
+    """Bytes of each value (its first replica's tensor), for chunk plans."""
+    return [int(parts[0].shape.num_elements() or 0) * parts[0].dtype.size for parts in parts_per_value]
+
+
 def compress(parts: Sequence[tf.Tensor], compression: str | None) -> list[tf.Tensor]:
     """Casts float32 parts to 16 bits on their own devices before they cross
     to the host (accumulation on the host stays float32)."""
@@ -88,15 +93,13 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
         self.host_device = host_device
         self.compression = compression
         self.chunk_plan = chunk_plan
-        self.reductions = 0  # values reduced so far (a counter for tests and explain())
 
     def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
         return self.batch_reduce_implementation(reduce_op, [(per_replica_value, destinations)], options)[0]
 
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
         parts = [local_components(value) for value, _ in value_destination_pairs]
-        sizes = [int(p[0].shape.num_elements() or 0) * p[0].dtype.size for p in parts]
-        chunks = self.chunk_plan(sizes) if self.chunk_plan else [[i] for i in range(len(parts))]
+        chunks = self.chunk_plan(byte_sizes(parts)) if self.chunk_plan else [[i] for i in range(len(parts))]
         results: list = [None] * len(parts)
         for chunk in chunks:
             # A chunk starts once all its inputs exist (one value: no barrier).
@@ -106,5 +109,4 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
                     dtype = parts[i][0].dtype
                     reduced = reduce_on_host(compress(parts[i], self.compression), reduce_op, dtype, self.host_device)
                     results[i] = self.broadcast(reduced, value_destination_pairs[i][1])
-        self.reductions += len(parts)
         return results

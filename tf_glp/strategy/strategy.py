@@ -32,7 +32,13 @@ import tensorflow as tf
 from tf_glp.ops import FusedKerasUpdate, supports_fused_update
 from tf_glp.strategy import chunking as chunking_lib
 from tf_glp.strategy import cost_model, devices as devices_lib, hooks
-from tf_glp.strategy.cross_device_ops import COMPRESSION_DTYPES, HostCrossDeviceOps, compress, local_components
+from tf_glp.strategy.cross_device_ops import (
+    COMPRESSION_DTYPES,
+    HostCrossDeviceOps,
+    byte_sizes,
+    compress,
+    local_components,
+)
 
 _UPDATES = ("host", "replicas")
 HOST_DEVICE = "/cpu:0"
@@ -197,10 +203,11 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
         compression = self.compression
 
         def merge_fn(strategy, *grads):
-            per_variable = [compress(local_components(g), compression) for g in grads]
-            sizes = [int(p[0].shape.num_elements() or 0) * 4 for p in per_variable]
+            per_variable = [local_components(g) for g in grads]
+            chunks = self._plan(byte_sizes(per_variable))  # planned on uncompressed sizes
+            per_variable = [compress(parts, compression) for parts in per_variable]
             with tf.device(HOST_DEVICE):
-                for chunk in self._plan(sizes):
+                for chunk in chunks:
                     barrier = [t for i in chunk for t in per_variable[i]] if len(chunk) > 1 else []
                     with tf.control_dependencies(barrier):
                         fused.apply([per_variable[i] for i in chunk], [variables[i] for i in chunk],
