@@ -49,17 +49,25 @@ def install() -> None:
         _install_model_hooks()
 
 
+_OPTIMIZER_METHODS = ("_backend_update_step", "_apply_weight_decay", "_backend_apply_gradients")
+
+
 def _install_optimizer_hooks() -> None:
+    import tensorflow as tf  # noqa: PLC0415
+
+    from tf_glp.strategy.accumulation import apply_with_accumulation  # noqa: PLC0415
+
     try:
         from keras.src.backend.tensorflow.optimizer import TFOptimizer  # noqa: PLC0415
     except ImportError:
         TFOptimizer = None  # noqa: N806
-    if TFOptimizer is None or not all(hasattr(TFOptimizer, m) for m in ("_backend_update_step", "_apply_weight_decay")):
+    if TFOptimizer is None or not all(hasattr(TFOptimizer, m) for m in _OPTIMIZER_METHODS):
         warnings.warn("tf_glp: this Keras version has no TFOptimizer._backend_update_step; "
                       "tf_glp.Strategy uses Keras' own optimizer update (no fused host update).", stacklevel=3)
         return
     original_update = TFOptimizer._backend_update_step
     original_decay = TFOptimizer._apply_weight_decay
+    original_apply_gradients = TFOptimizer._backend_apply_gradients
 
     @functools.wraps(original_update)
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
@@ -75,7 +83,24 @@ def _install_optimizer_hooks() -> None:
             return None  # the fused update applies it, with the same learning rate
         return original_decay(self, variables)
 
+    @functools.wraps(original_apply_gradients)
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        strategy = _glp_strategy(self)
+        if (strategy is None or not self.gradient_accumulation_steps
+                or tf.distribute.get_replica_context() is None):
+            return original_apply_gradients(self, grads, trainable_variables)
+        apply_with_accumulation(self, grads, trainable_variables)
+        # The rest of Keras 3.15's BaseOptimizer._backend_apply_gradients.
+        if self.use_ema:
+            if self.ema_overwrite_frequency:
+                raise ValueError(
+                    "tf_glp.Strategy: use_ema with ema_overwrite_frequency and gradient_accumulation_steps "
+                    "together is not supported; use keras.callbacks.SwapEMAWeights instead.")
+            self._update_model_variables_moving_average(self._trainable_variables)
+        return None
+
     TFOptimizer._backend_update_step = _backend_update_step
+    TFOptimizer._backend_apply_gradients = _backend_apply_gradients
     TFOptimizer._apply_weight_decay = _apply_weight_decay
 
 
@@ -99,7 +124,6 @@ def _install_model_hooks() -> None:
                     "host ops outside XLA. Compile with jit_compile=False (or leave the default).")
             bound.arguments["jit_compile"] = False
             result = original_compile(*bound.args, **bound.kwargs)
-            _check_optimizer(self, _glp_strategy(self))
             return result
         return original_compile(self, *args, **kwargs)
 
@@ -121,17 +145,6 @@ def _install_model_hooks() -> None:
 
     Trainer.compile = compile
     TensorFlowTrainer.fit = fit
-
-
-def _check_optimizer(model, strategy) -> None:
-    import keras  # noqa: PLC0415
-
-    if strategy.update == "host" and isinstance(getattr(model, "optimizer", None), keras.optimizers.LossScaleOptimizer):
-        raise ValueError(
-            "tf_glp.Strategy(update='host') does not support Keras' LossScaleOptimizer (used by the "
-            "'mixed_float16' policy): its loss-scale variables cannot be updated from the replicas when "
-            "variables live on the host (plain CentralStorageStrategy fails the same way). Use "
-            "update='replicas', or the 'mixed_bfloat16' policy, which needs no loss scaling.")
 
 
 def _check_global_batch(arguments: dict, replicas: int) -> None:

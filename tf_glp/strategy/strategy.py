@@ -32,6 +32,7 @@ import tensorflow as tf
 from tf_glp.ops import FusedKerasUpdate, supports_fused_update
 from tf_glp.strategy import chunking as chunking_lib
 from tf_glp.strategy import cost_model, devices as devices_lib, hooks
+from tf_glp.strategy.host_extended import HostExtended, is_host_variable
 from tf_glp.strategy.cross_device_ops import (
     COMPRESSION_DTYPES,
     HostCrossDeviceOps,
@@ -179,8 +180,8 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
 
     def __init__(self, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None):
         devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
-        tf.distribute.experimental.CentralStorageStrategy.__init__(
-            self, compute_devices=devices, parameter_device=HOST_DEVICE)
+        # CentralStorageStrategy with per-variable homes (host_extended.py).
+        tf.distribute.Strategy.__init__(self, HostExtended(self, devices, HOST_DEVICE))
         # The supported hook for reductions (used for metrics, losses and
         # optimizers without a fused update).
         self.extended._cross_device_ops = HostCrossDeviceOps(HOST_DEVICE, compression, self._plan)

@@ -1,0 +1,79 @@
+"""Gradient accumulation (`gradient_accumulation_steps=n`) under tf_glp.Strategy.
+
+Keras applies accumulation with a `cond` in the replicas' step whose branches
+sum gradients across replicas (`merge_call`); tf.distribute forbids that, so
+every stock strategy fails at the first step. tf_glp sums the replicas'
+gradients first, once per step (the host reduction), and runs the `cond` in
+cross-replica context on each copy of the variables: the host's single copy
+under update="host" (accumulators live on the host, beside the optimizer
+slots), every replica's copy under update="replicas". Each copy then does
+exactly what Keras does on one device:
+
+    accumulate:  acc += g
+    every n-th:  g' = clip((g + acc) / n); weight decay; update_step(g'); acc = 0
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+from keras.src.optimizers import base_optimizer
+from tensorflow.python.distribute import distribute_lib
+
+
+def _copies(value) -> tuple:
+    if isinstance(value, tf.distribute.DistributedValues):
+        return tuple(value.values)
+    if hasattr(value, "_aggregating_container"):  # a host variable's inner copy
+        return (value,)
+    get = getattr(value, "get", None)  # AggregatingVariable: its one host copy
+    return (get(),) if callable(get) else (value,)
+
+
+def apply_with_accumulation(optimizer, grads, variables) -> None:
+    """One step of `optimizer` with gradient accumulation, from the replica
+    context of a tf_glp.Strategy (see the module docstring)."""
+    grads = list(grads)
+    accumulators = [optimizer._accumulated_gradients[optimizer._get_variable_index(v)].value for v in variables]  # noqa: SLF001
+    variables = [v.value if isinstance(v, keras.Variable) else v for v in variables]
+    steps = optimizer.gradient_accumulation_steps
+
+    def merge_fn(strategy, grads):
+        summed = strategy.extended.batch_reduce_to(
+            tf.distribute.ReduceOp.SUM, [(g, v) for g, v in zip(grads, variables)])
+        is_update_step = (optimizer._iterations + 1) % steps == 0  # noqa: SLF001
+        learning_rate = optimizer.learning_rate
+        per_copy = zip(*[_copies(v) for v in variables])
+        for copy_index, var_copies in enumerate(per_copy):
+            grad_copies = [_copies(g)[copy_index] for g in summed]
+            acc_copies = [_copies(a)[copy_index] for a in accumulators]
+            # UpdateContext: writes to the optimizer's replicated slots go to
+            # this copy only (as in MirroredExtended._update and
+            # ParameterServerStrategyExtended._update).
+            device = var_copies[0].device
+            replicated = isinstance(variables[0], tf.distribute.DistributedValues)
+            with tf.device(device), distribute_lib.UpdateContext(copy_index if replicated else device):
+                _accumulate_or_update(optimizer, grad_copies, list(var_copies), acc_copies,
+                                      is_update_step, steps, learning_rate)
+
+    tf.distribute.get_replica_context().merge_call(merge_fn, args=(grads,))
+
+
+def _accumulate_or_update(optimizer, grads, variables, accumulators, is_update_step, steps, learning_rate):
+    def update():
+        new_grads = [(g + a) / steps for g, a in zip(grads, accumulators)]
+        new_grads = optimizer._clip_gradients(new_grads)  # noqa: SLF001
+        # Keras' backend-neutral weight decay: plain assigns on this copy.
+        base_optimizer.BaseOptimizer._apply_weight_decay(optimizer, variables)  # noqa: SLF001
+        for g, v in zip(new_grads, variables):
+            optimizer.update_step(g, v, learning_rate)
+        for a in accumulators:
+            a.assign(tf.zeros_like(a))
+        return tf.constant(True)
+
+    def accumulate():
+        for g, a in zip(grads, accumulators):
+            a.assign(a + tf.cast(g, a.dtype))
+        return tf.constant(False)
+
+    tf.cond(is_update_step, update, accumulate)
