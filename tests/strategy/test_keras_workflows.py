@@ -118,17 +118,6 @@ class TestErrors:
         with pytest.raises(ValueError, match="does not support jit_compile=True"):
             _model(strategy, jit_compile=True)
 
-    def test_loss_scaling_needs_replicas_mode(self):
-        keras.mixed_precision.set_global_policy("mixed_float16")
-        try:
-            with pytest.raises(ValueError, match="does not support Keras' LossScaleOptimizer"):
-                _model(tf_glp.Strategy(cpu_replicas=2, update="host"))
-            model = _model(tf_glp.Strategy(cpu_replicas=2, update="replicas", chunking="none"))
-            x, y = _digits(64)
-            assert np.isfinite(model.fit(x, y, batch_size=32, epochs=1, verbose=0).history["loss"][0])
-        finally:
-            keras.mixed_precision.set_global_policy("float32")
-
     def test_float64_model_trains_through_the_generic_path(self):
         keras.config.set_dtype_policy("float64")
         try:

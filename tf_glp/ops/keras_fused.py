@@ -21,8 +21,15 @@ from tf_glp.ops.host_optimizers import host_apply_adam, host_apply_momentum, hos
 _FUSED_TYPES = (keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.AdamW)
 
 
-def supports_fused_update(optimizer: keras.optimizers.Optimizer) -> tuple[bool, str]:
+def supports_fused_update(optimizer: keras.optimizers.Optimizer, *, update_step_only: bool = False) -> tuple[bool, str]:
     """Says whether `optimizer` can run through the fused host ops, and why not.
+
+    Args:
+        optimizer: The Keras optimizer.
+        update_step_only: True when the fused ops replace only Keras'
+            `_backend_update_step` (as tf_glp.Strategy does): Keras then still
+            clips, unscales, accumulates and keeps the EMA itself, so those
+            options do not prevent fusing.
 
     Returns:
         (True, "") or (False, reason). Other optimizers and features still work
@@ -38,6 +45,8 @@ def supports_fused_update(optimizer: keras.optimizers.Optimizer) -> tuple[bool, 
         return False, f"{kind.__name__} has no fused host update (SGD, Adam and AdamW do)"
     if getattr(optimizer, "amsgrad", False):
         return False, "amsgrad=True has no fused host update"
+    if update_step_only:
+        return True, ""
     for name in ("clipnorm", "clipvalue", "global_clipnorm", "gradient_accumulation_steps", "loss_scale_factor"):
         if getattr(optimizer, name, None) is not None:
             return False, f"{name} is set"
@@ -52,6 +61,7 @@ class FusedKerasUpdate:
     Args:
         optimizer: A keras.optimizers.SGD, Adam or AdamW for which
             `supports_fused_update` is true.
+        update_step_only: See `supports_fused_update`.
 
     Example:
         >>> opt = keras.optimizers.Adam(1e-3)
@@ -60,8 +70,8 @@ class FusedKerasUpdate:
         >>> FusedKerasUpdate(opt).apply([[tf.ones(2), tf.ones(2)]], [w])
     """
 
-    def __init__(self, optimizer: keras.optimizers.Optimizer):
-        ok, reason = supports_fused_update(optimizer)
+    def __init__(self, optimizer: keras.optimizers.Optimizer, *, update_step_only: bool = False):
+        ok, reason = supports_fused_update(optimizer, update_step_only=update_step_only)
         if not ok:
             raise ValueError(f"FusedKerasUpdate: {reason}")
         self.optimizer = optimizer
@@ -97,7 +107,9 @@ class FusedKerasUpdate:
                 raise ValueError(f"FusedKerasUpdate: variable {variable.path} has a constraint; use the optimizer's own update")
             index = opt._get_variable_index(variable)
             decay = opt.weight_decay if opt._use_weight_decay(variable) else None
-            target = variable.value
+            # A Keras variable's tf.Variable; a plain tf.Variable as it is
+            # (its `.value` is a method).
+            target = variable.value if isinstance(variable, keras.Variable) else variable
             if isinstance(opt, keras.optimizers.Adam):  # AdamW too
                 host_apply_adam(
                     target, opt._momentums[index].value, opt._velocities[index].value, grads,

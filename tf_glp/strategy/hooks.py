@@ -3,14 +3,16 @@
 Keras' TensorFlow optimizer sums gradients with a replica-context all-reduce
 and then runs `update_step` per variable; to fuse the sum with the update on
 the host, tf_glp.Strategy needs the replicas' gradients before they are summed.
-Three small wrappers do that, each a no-op unless the model or optimizer
-belongs to a tf_glp.Strategy:
+Small wrappers do that, each a no-op unless the model or optimizer belongs to
+a tf_glp.Strategy:
 
 - TFOptimizer._backend_update_step: the fused host update (HostStrategy).
 - TFOptimizer._apply_weight_decay: skipped when the fused update applies it.
+- TFOptimizer._backend_apply_gradients: with gradient_accumulation_steps,
+  the accumulation of accumulation.py (Keras' own fails under every
+  tf.distribute strategy: a merge_call inside its `cond`).
 - Trainer.compile: jit_compile="auto" becomes False (the host ops run
-  outside XLA); jit_compile=True, and update="host" with a LossScaleOptimizer,
-  are refused with a clear message. (Patched
+  outside XLA); jit_compile=True is refused with a clear message. (Patched
   on Keras' Trainer itself: Keras treats a Model whose compile differs from
   Trainer.compile as custom and then skips compile when loading it.)
 - TensorFlowTrainer.fit: refuses a global batch that does not divide by the

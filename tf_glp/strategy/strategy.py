@@ -189,7 +189,7 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
     def _fuses_update(self, optimizer, variables) -> bool:
         if tf.distribute.get_replica_context() is None:
             return False
-        if not supports_fused_update(optimizer)[0]:
+        if not supports_fused_update(optimizer, update_step_only=True)[0]:
             return False
         return all(v.dtype == "float32" and getattr(v, "constraint", None) is None for v in variables)
 
@@ -200,7 +200,7 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
             return False
         _check_not_xla()
         variables = list(variables)
-        fused = FusedKerasUpdate(optimizer)
+        fused = FusedKerasUpdate(optimizer, update_step_only=True)
         compression = self.compression
 
         def merge_fn(strategy, *grads):

@@ -1,0 +1,312 @@
+"""tf_glp.Strategy with the models people train: Dropout, BatchNormalization,
+augmentation layers, EMA, gradient accumulation, mixed precision, plain
+tf.Variables, and true metrics from evaluate() — in both update modes,
+against MirroredStrategy (ReductionToOneDevice) and against one device."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.distribute import ps_values
+
+import tf_glp
+
+DEVICES = ["/cpu:0", "/cpu:1"]
+MODES = ["host", "replicas"]
+L = keras.layers
+
+
+def mirrored():
+    return tf.distribute.MirroredStrategy(DEVICES, cross_device_ops=tf.distribute.ReductionToOneDevice())
+
+
+def glp(update):
+    return tf_glp.Strategy(DEVICES, update=update, chunking="none")
+
+
+def _data(n=256, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 12)).astype(np.float32)
+    y = (x[:, :3].argmax(1) + (x[:, 3] > 1)).astype(np.int64) % 3
+    return x, y
+
+
+ROWS = {
+    # row: (hidden layers, optimizer, policy)
+    "dropout": (lambda: [L.Dense(16, activation="relu"), L.Dropout(0.3)], lambda: keras.optimizers.Adam(1e-2), None),
+    "batchnorm": (lambda: [L.Dense(16), L.BatchNormalization(), L.Activation("relu")],
+                  lambda: keras.optimizers.SGD(0.05, momentum=0.9), None),
+    "augmentation": (lambda: [L.GaussianNoise(0.2), L.Dense(16, activation="relu"), L.GaussianDropout(0.2)],
+                     lambda: keras.optimizers.AdamW(1e-2, weight_decay=0.01), None),
+    "ema": (lambda: [L.Dense(16, activation="relu")], lambda: keras.optimizers.Adam(1e-2, use_ema=True), None),
+    "mixed_float16": (lambda: [L.Dense(16), L.BatchNormalization(), L.Activation("relu"), L.Dropout(0.2)],
+                      lambda: keras.optimizers.Adam(1e-2), "mixed_float16"),
+    "mixed_bfloat16": (lambda: [L.Dense(16), L.BatchNormalization(), L.Activation("relu")],
+                       lambda: keras.optimizers.Adam(1e-2), "mixed_bfloat16"),
+    "layernorm_clipnorm": (lambda: [L.Dense(16), L.LayerNormalization(), L.Activation("relu")],
+                           lambda: keras.optimizers.Adam(1e-2, clipnorm=0.5), None),
+}
+
+
+def _build(strategy, row, x=None):
+    layers, optimizer, _ = ROWS[row]
+    keras.utils.set_random_seed(7)
+    with strategy.scope():
+        # float32 logits, as Keras advises under mixed precision
+        model = keras.Sequential([keras.Input((12,)), *layers(), L.Dense(3, dtype="float32")])
+        model.compile(optimizer=optimizer(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2)])
+    return model
+
+
+def _train(strategy, row, epochs=2):
+    policy = ROWS[row][2]
+    if policy:
+        keras.mixed_precision.set_global_policy(policy)
+    try:
+        x, y = _data()
+        model = _build(strategy, row)
+        history = model.fit(x, y, batch_size=32, epochs=epochs, shuffle=False, verbose=0).history
+        evaluation = model.evaluate(x, y, batch_size=32, verbose=0)
+        state = {
+            "weights": [w.numpy() for w in model.trainable_weights],
+            "non_trainable": [w.numpy() for w in model.non_trainable_weights],
+            "optimizer": [v.numpy() for v in model.optimizer.variables],
+        }
+        return history, evaluation, state, model
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def _assert_same(ours, reference):
+    (h1, e1, s1, _), (h2, e2, s2, _) = ours, reference
+    for key in s2:
+        assert len(s1[key]) == len(s2[key]), key
+        for a, b in zip(s1[key], s2[key]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=key)
+    for key in h2:
+        np.testing.assert_allclose(h1[key], h2[key], rtol=1e-5, err_msg=key)
+    np.testing.assert_allclose(e1, e2, rtol=1e-5)
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    calls = []
+    original = tf_glp.ops.FusedKerasUpdate.apply
+    monkeypatch.setattr(tf_glp.ops.FusedKerasUpdate, "apply",
+                        lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("update", MODES)
+@pytest.mark.parametrize("row", sorted(ROWS))
+def test_trains_like_mirrored_strategy(row, update, fused_calls):
+    reference = _train(mirrored(), row)
+    ours = _train(glp(update), row)
+    _assert_same(ours, reference)
+    # The fused host update runs for the trainable variables under update="host".
+    assert bool(fused_calls) == (update == "host")
+
+
+@pytest.mark.parametrize("update", MODES)
+def test_evaluate_reports_the_metrics_of_the_weights(update):
+    # Weights trained without a strategy, copied into the same model under
+    # the strategy: evaluate() must give the single-device numbers.
+    x, y = _data(512, seed=3)
+    single = _build(tf.distribute.get_strategy(), "batchnorm")
+    single.fit(x, y, batch_size=64, epochs=2, verbose=0)
+    expected = single.evaluate(x, y, batch_size=64, verbose=0)
+    for strategy in (glp(update), mirrored()):
+        model = _build(strategy, "batchnorm")
+        model.set_weights(single.get_weights())
+        got = model.evaluate(x, y, batch_size=64, verbose=0)
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+        # and fit's reported metrics are those of the batches it saw
+        logs = model.evaluate(x, y, batch_size=64, verbose=0, return_dict=True)
+        assert logs["accuracy"] == pytest.approx(float(np.mean(single.predict(x, verbose=0).argmax(1) == y)))
+
+
+@pytest.mark.parametrize("update", MODES)
+def test_gradient_accumulation_matches_one_device(update):
+    def train(strategy):
+        x, y = _data()
+        keras.utils.set_random_seed(7)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((12,)), L.Dense(16, activation="relu"), L.Dense(3)])
+            model.compile(optimizer=keras.optimizers.Adam(1e-2, gradient_accumulation_steps=3, global_clipnorm=1.0),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        history = model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history
+        return history, model.evaluate(x, y, batch_size=32, verbose=0), model
+
+    reference = train(tf.distribute.get_strategy())
+    ours = train(glp(update))
+    for a, b in zip(ours[2].weights, reference[2].weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ours[0]["loss"], reference[0]["loss"], rtol=1e-5)
+    np.testing.assert_allclose(ours[1], reference[1], rtol=1e-5)
+    # 16 steps over 2 epochs, an update every 3rd step
+    assert int(ours[2].optimizer.iterations.numpy()) == 16 // 3
+
+
+@pytest.mark.parametrize("update", MODES)
+def test_swap_ema_weights_callback(update):
+    x, y = _data()
+
+    def train(strategy):
+        keras.utils.set_random_seed(7)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((12,)), L.Dense(16, activation="relu"), L.Dense(3)])
+            model.compile(optimizer=keras.optimizers.SGD(0.1, use_ema=True),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        history = model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0, validation_data=(x, y),
+                            callbacks=[keras.callbacks.SwapEMAWeights(swap_on_epoch=True)]).history
+        return history, [w.numpy() for w in model.weights]
+
+    reference = train(mirrored())
+    ours = train(glp(update))
+    np.testing.assert_allclose(ours[0]["val_loss"], reference[0]["val_loss"], rtol=1e-5)
+    for a, b in zip(ours[1], reference[1]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_forced_overflow_skips_the_step_and_lowers_the_scale():
+    # A batch of huge inputs makes every float16 gradient overflow: the step
+    # is skipped (weights unchanged) and the loss scale halves, as Keras'
+    # LossScaleOptimizer does without a strategy.
+    x, y = _data(64)
+    x[32:] *= 6e4
+
+    def train(strategy):
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        try:
+            keras.utils.set_random_seed(7)
+            with strategy.scope():
+                model = keras.Sequential([keras.Input((12,)), L.Dense(16, activation="relu"), L.Dense(3)])
+                model.compile(optimizer=keras.optimizers.SGD(0.05),
+                              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            model.fit(x[:32], y[:32], batch_size=32, epochs=1, shuffle=False, verbose=0)
+            before = [w.numpy() for w in model.trainable_weights]
+            scale = float(model.optimizer.dynamic_scale.numpy())
+            model.fit(x[32:], y[32:], batch_size=32, epochs=1, shuffle=False, verbose=0)
+            after = [w.numpy() for w in model.trainable_weights]
+            return before, after, scale, float(model.optimizer.dynamic_scale.numpy())
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+
+    for strategy in (glp("host"), glp("replicas"), tf.distribute.get_strategy()):
+        before, after, scale, new_scale = train(strategy)
+        assert new_scale == scale / 2
+        for a, b in zip(before, after):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("update", MODES)
+def test_plain_tf_variables_with_a_keras_optimizer(update):
+    def step(strategy, momentum):
+        with strategy.scope():
+            variable = tf.Variable([1.0, 2.0, 3.0, 4.0])
+            optimizer = keras.optimizers.SGD(0.5, momentum=momentum)
+            grads = tf.constant([0.1, 0.2, 0.3, 0.4])
+
+            @tf.function
+            def apply():
+                strategy.run(lambda: optimizer.apply_gradients([(grads, variable)]))
+
+            apply()
+            apply()
+        return variable.numpy()
+
+    for momentum in (0.0, 0.9):
+        expected = step(tf.distribute.get_strategy(), momentum)
+        # Two replicas sum two identical gradients (as MirroredStrategy does).
+        np.testing.assert_allclose(step(glp(update), momentum), step(mirrored(), momentum), rtol=1e-6)
+        assert not np.allclose(expected, [1.0, 2.0, 3.0, 4.0])
+
+
+def test_seed_generators_start_equal_on_every_replica():
+    strategy = glp("host")
+    with strategy.scope():
+        seed_generator = keras.random.SeedGenerator(42)
+        states = strategy.run(lambda: seed_generator.state.value).values
+    assert len(states) == 2
+    for state in states:
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(state), (42, 0))
+
+
+def test_variable_homes_under_update_host():
+    """Each kind of Keras variable gets the home host_extended.py promises.
+    If Keras or TensorFlow change the arguments they create variables with,
+    this fails first."""
+    strategy = glp("host")
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4,)), L.Dense(3), L.BatchNormalization(), L.Dropout(0.5)])
+            model.compile(optimizer=keras.optimizers.Adam(use_ema=True, gradient_accumulation_steps=2),
+                          loss="mse", metrics=["mae"])
+            model.optimizer.build(model.trainable_variables)
+            seed_generator = keras.random.SeedGenerator(1)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    model.evaluate(np.zeros((4, 4)), np.zeros((4, 3)), verbose=0)  # builds the metrics
+
+    def kind(variable):
+        return type(variable.value).__name__
+
+    dense, batchnorm = model.layers[0], model.layers[1]
+    assert isinstance(dense.kernel.value, ps_values.AggregatingVariable)
+    assert "CPU:0" in dense.kernel.value.device
+    assert kind(batchnorm.gamma) == "AggregatingVariable"
+    assert kind(batchnorm.moving_mean) == kind(batchnorm.moving_variance) == "MirroredVariable"
+    assert kind(seed_generator.state) == "MirroredVariable"
+    optimizer = model.optimizer  # the LossScaleOptimizer
+    assert kind(optimizer.dynamic_scale) == kind(optimizer.step_counter) == "MirroredVariable"
+    inner = optimizer.inner_optimizer
+    for slot in [*inner._momentums, *inner._velocities, *inner._model_variables_moving_average,
+                 *inner._accumulated_gradients]:
+        assert kind(slot) == "AggregatingVariable", slot.path
+        assert slot.value.aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA
+    assert kind(inner._iterations) == "AggregatingVariable"
+    for metric in model.metrics:
+        for variable in metric.variables:
+            assert kind(variable) == "SyncOnReadVariable", variable.path
+
+
+def test_small_resnet_on_digits_reaches_single_device_accuracy():
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = (digits.images[..., None] / 16.0).astype(np.float32)
+    y = digits.target.astype(np.int64)
+    order = np.random.default_rng(0).permutation(len(x))
+    x, y = x[order], y[order]
+    x_train, y_train, x_test, y_test = x[:1280], y[:1280], x[1280:], y[1280:]
+
+    def build(strategy):
+        keras.utils.set_random_seed(11)
+        with strategy.scope():
+            inputs = keras.Input((8, 8, 1))
+            h = L.RandomTranslation(0.1, 0.1)(inputs)
+            h = L.Conv2D(16, 3, padding="same", use_bias=False)(h)
+            h = L.Activation("relu")(L.BatchNormalization(momentum=0.9)(h))
+            skip = h
+            h = L.Conv2D(16, 3, padding="same", use_bias=False)(h)
+            h = L.Activation("relu")(L.BatchNormalization(momentum=0.9)(h))
+            h = L.Conv2D(16, 3, padding="same", use_bias=False)(h)
+            h = L.Activation("relu")(L.Add()([L.BatchNormalization(momentum=0.9)(h), skip]))
+            h = L.Dropout(0.2)(L.GlobalAveragePooling2D()(h))
+            model = keras.Model(inputs, L.Dense(10)(h))
+            model.compile(optimizer=keras.optimizers.Adam(3e-3),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        return model
+
+    accuracy = {}
+    for name, strategy in (("single", tf.distribute.get_strategy()), ("glp", tf_glp.Strategy(DEVICES))):
+        model = build(strategy)
+        model.fit(x_train, y_train, batch_size=64, epochs=12, verbose=0)
+        accuracy[name] = model.evaluate(x_test, y_test, batch_size=64, verbose=0)[1]
+        # evaluate() says what the weights really score
+        true = float(np.mean(model.predict(x_test, batch_size=64, verbose=0).argmax(1) == y_test))
+        assert accuracy[name] == pytest.approx(true, abs=1e-6)
+    assert accuracy["single"] > 0.9
+    assert accuracy["glp"] >= accuracy["single"] - 0.03, accuracy
