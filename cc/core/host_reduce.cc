@@ -1,5 +1,6 @@
 #include "cc/core/host_reduce.h"
 
+#include <atomic>
 #include <string>
 
 #include "cc/core/kernels.h"
@@ -12,7 +13,7 @@ namespace {
 // normal store does first.
 constexpr int64_t kStreamingOutputBytes = 8 << 20;
 
-using RangeKernel = void (*)(const ReduceArgs&, int64_t, int64_t);
+using RangeKernel = bool (*)(const ReduceArgs&, int64_t, int64_t);
 
 RangeKernel ReduceKernelFor(Isa isa) {
   switch (ResolveIsa(isa)) {
@@ -43,6 +44,10 @@ std::string HostReduce(const HostReduceSpec& spec, const ParallelRunner& runner,
            DTypeName(spec.input_dtype) + ") or float32, got " +
            DTypeName(spec.output_dtype);
   }
+  if (spec.divisor != nullptr && spec.op != ReduceOp::kSum) {
+    return "host_reduce takes a divisor only for a sum, not a mean";
+  }
+  if (spec.all_finite != nullptr) *spec.all_finite = true;
   if (spec.num_elements == 0) return "";
   if (spec.inputs == nullptr || spec.output == nullptr) {
     return "host_reduce got a null buffer";
@@ -59,15 +64,26 @@ std::string HostReduce(const HostReduceSpec& spec, const ParallelRunner& runner,
   args.input_dtype = spec.input_dtype;
   args.output = spec.output;
   args.output_dtype = spec.output_dtype;
-  args.mean = spec.op == ReduceOp::kMean;
+  args.divide = spec.op == ReduceOp::kMean || spec.divisor != nullptr;
+  args.divisor = spec.op == ReduceOp::kMean ? static_cast<float>(spec.num_inputs)
+                 : spec.divisor != nullptr  ? *spec.divisor
+                                            : 1.0f;
+  args.check_finite = spec.all_finite != nullptr;
   const int64_t output_bytes = spec.num_elements * DTypeSize(spec.output_dtype);
   args.streaming_stores = output_bytes >= kStreamingOutputBytes;
   const RangeKernel kernel = ReduceKernelFor(isa);
 
   const int64_t bytes_moved =
       output_bytes + spec.num_elements * spec.num_inputs * DTypeSize(spec.input_dtype);
+  // Ranges run concurrently; any of them may clear the flag.
+  std::atomic<bool> all_finite{true};
   RunElementwise(runner, spec.num_elements, bytes_moved,
-                 [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
+                 [&](int64_t begin, int64_t end) {
+                   if (!kernel(args, begin, end)) {
+                     all_finite.store(false, std::memory_order_relaxed);
+                   }
+                 });
+  if (spec.all_finite != nullptr) *spec.all_finite = all_finite.load();
   return "";
 }
 

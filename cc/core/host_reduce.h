@@ -24,6 +24,13 @@ struct HostReduceSpec {
   DType output_dtype = DType::kFloat32;  // input_dtype or kFloat32
   int64_t num_elements = 0;
   ReduceOp op = ReduceOp::kSum;
+  // Optional (kSum only): divide the float32 sum by *divisor, as Keras
+  // unscales loss-scaled gradients (g / scale).
+  const float* divisor = nullptr;
+  // Optional: set to whether every element of the float32 result (after the
+  // division, before any cast to output_dtype) is finite. Checked in the same
+  // pass that sums, so a loss-scaled step costs no extra read of the data.
+  bool* all_finite = nullptr;
 };
 
 // Sums in float32 whatever the input type, in a fixed order per element

@@ -28,7 +28,9 @@ struct ReduceArgs {
   DType input_dtype;
   void* output;  // output_dtype: input_dtype or kFloat32
   DType output_dtype;
-  bool mean;              // divide the float32 sum by num_inputs
+  bool divide;            // divide the float32 sum by divisor
+  float divisor;          // num_inputs for a mean, Keras' loss scale, ...
+  bool check_finite;      // ReduceRange reports whether all results are finite
   bool streaming_stores;  // write the output around the caches
 };
 
@@ -58,7 +60,9 @@ struct UpdateArgs {
 
 #define TF_GLP_DECLARE_KERNELS(isa)                                      \
   namespace isa {                                                        \
-  void ReduceRange(const ReduceArgs& args, int64_t begin, int64_t end);  \
+  /* Returns false if check_finite and a result in the range is not     \
+     finite (true otherwise). */                                        \
+  bool ReduceRange(const ReduceArgs& args, int64_t begin, int64_t end);  \
   void UpdateRange(const UpdateArgs& args, int64_t begin, int64_t end);  \
   }
 

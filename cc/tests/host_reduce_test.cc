@@ -142,6 +142,67 @@ TEST(OutputMayAliasFirstInput) {
   EXPECT_TRUE(std::memcmp(a.data(), want.data(), want.size()) == 0);
 }
 
+TEST(DivisorAndFiniteCheckInTheSamePass) {
+  // Divided sums match the in-order reference divided in float32, and the
+  // finite flag is cleared by an infinity, a NaN or a sum that overflows, at
+  // any position (vector body, 4-way body, scalar tail), for every
+  // instruction set and thread count.
+  SerialRunner serial;
+  ThreadPool pool3(3);
+  const float divisor = 32768.0f;
+  for (int n : {1, 2, 3, 9}) {
+    for (int64_t size : {1, 37, 70001, (1 << 20) + 3}) {
+      std::mt19937 rng(n * 31 + size);
+      std::vector<std::vector<uint8_t>> buffers;
+      std::vector<const void*> inputs;
+      for (int j = 0; j < n; ++j) {
+        buffers.push_back(RandomBuffer(DType::kFloat32, size, rng, 1000.0f, true));
+        inputs.push_back(buffers.back().data());
+      }
+      std::vector<float> want(size);
+      for (int64_t i = 0; i < size; ++i) {
+        float acc = LoadAsFloat(DType::kFloat32, inputs[0], i);
+        for (int j = 1; j < n; ++j) acc = acc + LoadAsFloat(DType::kFloat32, inputs[j], i);
+        want[i] = acc / divisor;
+      }
+      for (int64_t bad_at : {int64_t{-1}, int64_t{0}, size / 2, size - 1}) {
+        for (float bad : {INFINITY, NAN, 3.0e38f}) {
+          if (bad_at < 0 && bad != INFINITY) continue;  // one all-finite run
+          float* first = reinterpret_cast<float*>(buffers[0].data());
+          float* last = reinterpret_cast<float*>(buffers[n - 1].data());
+          const int64_t at = bad_at >= 0 ? bad_at : 0;
+          const float saved_first = first[at], saved_last = last[at];
+          // 3e38 is finite; only the sum of two of them overflows.
+          if (bad_at >= 0) last[at] = bad;
+          if (bad_at >= 0 && bad == 3.0e38f) first[at] = bad;
+          const bool expect_finite = bad_at < 0 || (bad == 3.0e38f && n == 1);
+          for (Isa isa : testing::SupportedIsas()) {
+            for (const ParallelRunner* runner : {static_cast<const ParallelRunner*>(&serial),
+                                                 static_cast<const ParallelRunner*>(&pool3)}) {
+              std::vector<float> out(size, -1.0f);
+              bool finite = !expect_finite;
+              HostReduceSpec spec;
+              spec.inputs = inputs.data();
+              spec.num_inputs = n;
+              spec.output = out.data();
+              spec.num_elements = size;
+              spec.divisor = &divisor;
+              spec.all_finite = &finite;
+              EXPECT_EQ(HostReduce(spec, *runner, isa), std::string());
+              EXPECT_EQ(finite, expect_finite);
+              if (bad_at < 0) {
+                EXPECT_TRUE(std::memcmp(out.data(), want.data(), 4 * size) == 0);
+              }
+            }
+          }
+          first[at] = saved_first;
+          last[at] = saved_last;
+        }
+      }
+    }
+  }
+}
+
 TEST(BadArgumentsAreReported) {
   SerialRunner serial;
   float x = 1.0f, y = 0.0f;
@@ -165,6 +226,10 @@ TEST(BadArgumentsAreReported) {
   EXPECT_TRUE(HostReduce(spec, serial).find("negative") != std::string::npos);
   spec.num_elements = 0;  // nothing to do is fine
   EXPECT_EQ(HostReduce(spec, serial), std::string());
+  const float four = 4.0f;
+  spec.divisor = &four;
+  spec.op = ReduceOp::kMean;
+  EXPECT_TRUE(HostReduce(spec, serial).find("divisor only for a sum") != std::string::npos);
 }
 
 }  // namespace

@@ -242,3 +242,44 @@ def test_bitwise_identical_across_threads_and_instruction_sets():
     for run in runs[1:]:
         for key in ("float32", "bfloat16", "float16"):
             assert run[key] == runs[0][key], (key, runs)
+
+
+@pytest.mark.parametrize("mode", ["auto", "0"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_divisor_and_all_finite(rng, dtype, mode, native_mode):
+    # The unscaling of loss-scaled gradients: (sum) / scale in float32, and a
+    # finite flag that an inf, a NaN or an overflowing sum clears.
+    native_mode(mode)
+    inputs = _inputs(rng, 3, (1000,), dtype)
+    total, finite = host_reduce(inputs, output_dtype=tf.float32, divisor=tf.constant(1024.0),
+                                return_all_finite=True)
+    expected = _reference(inputs, out_dtype=tf.float32) / 1024.0
+    np.testing.assert_array_equal(total.numpy(), expected.numpy())
+    assert finite.dtype == tf.bool and bool(finite)
+    assert host_reduce(inputs, divisor=2.0).dtype == dtype  # one output without the flag
+    big = 6e4 if dtype == tf.float16 else 3e38
+    for bad_value, position in ((np.inf, 0), (np.nan, 517), (big, 999)):
+        bad = [t.numpy().astype(np.float32) for t in inputs]
+        bad[0][position] = bad_value
+        if bad_value == big:
+            bad[1][position] = big  # finite inputs; their float32 sum overflows unless they are float16
+        bad = [tf.cast(tf.constant(b), dtype) for b in bad]
+        _, finite = host_reduce(bad, output_dtype=tf.float32, return_all_finite=True)
+        assert bool(finite) == (bad_value == big and dtype == tf.float16), (bad_value, dtype)
+
+
+def test_divisor_bad_input():
+    with pytest.raises(ValueError, match="a divisor needs op='sum', got op='mean'"):
+        host_reduce([tf.ones(2)], op="mean", divisor=2.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="divisor must be a scalar"):
+        host_reduce([tf.ones(2)], divisor=tf.ones(2))
+
+
+def test_divisor_gradient(rng):
+    inputs = [tf.constant(rng.standard_normal(5).astype(np.float32)) for _ in range(2)]
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        loss = tf.reduce_sum(host_reduce(inputs, divisor=4.0) * 2.0)
+    grads = tape.gradient(loss, inputs)
+    for g in grads:
+        np.testing.assert_allclose(g.numpy(), np.full(5, 0.5, np.float32))

@@ -33,6 +33,11 @@ class HostReduceOp : public OpKernel {
     input_dtype_ = *ToCoreDType(in_type);
     output_dtype_ = *ToCoreDType(out_type);
     op_ = reduction == "mean" ? core::ReduceOp::kMean : core::ReduceOp::kSum;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("divide", &divide_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("check_finite", &check_finite_));
+    OP_REQUIRES(ctx, !(divide_ && op_ == core::ReduceOp::kMean),
+                absl::InvalidArgumentError(
+                    "host_reduce: divide=True needs reduction='sum', got 'mean'"));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -47,6 +52,14 @@ class HostReduceOp : public OpKernel {
                       i, " has shape ", inputs[i].shape().DebugString(),
                       " and input 0 has ", first.shape().DebugString())));
     }
+    const Tensor& divisor = ctx->input(inputs.size());
+    OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(divisor.shape()),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "host_reduce: divisor must be a scalar, got shape ",
+                    divisor.shape().DebugString())));
+    const float divisor_value = divisor.scalar<float>()();
+    Tensor* all_finite = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, {}, &all_finite));
     Tensor* output = nullptr;
     if (output_dtype_ == input_dtype_) {
       // Reuse an input buffer nobody else holds: the kernel reads each
@@ -68,14 +81,20 @@ class HostReduceOp : public OpKernel {
     spec.output_dtype = output_dtype_;
     spec.num_elements = first.NumElements();
     spec.op = op_;
+    if (divide_) spec.divisor = &divisor_value;
+    bool finite = true;
+    if (check_finite_) spec.all_finite = &finite;
     const std::string error = core::HostReduce(spec, IntraOpRunner(ctx));
     OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
+    all_finite->scalar<bool>()() = finite;
   }
 
  private:
   core::DType input_dtype_;
   core::DType output_dtype_;
   core::ReduceOp op_;
+  bool divide_ = false;
+  bool check_finite_ = false;
 };
 
 REGISTER_KERNEL_BUILDER(Name("Glp>HostReduce").Device(tensorflow::DEVICE_CPU),

@@ -52,22 +52,31 @@ std::function<absl::Status(InferenceContext*)> ApplyShapeFn(int num_resources,
 
 REGISTER_OP("Glp>HostReduce")
     .Input("inputs: N * T")
+    .Input("divisor: float")
     .Output("output: out_type")
+    .Output("all_finite: bool")
     .Attr("N: int >= 1")
     .Attr("T: {float, bfloat16, half}")
     .Attr("out_type: {float, bfloat16, half}")
     .Attr("reduction: {'sum', 'mean'} = 'sum'")
+    .Attr("divide: bool = false")
+    .Attr("check_finite: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       int n;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
       ShapeHandle merged;
       TF_RETURN_IF_ERROR(MergeAllInputShapes(c, 0, n, &merged));
+      TF_RETURN_IF_ERROR(ScalarInputs(c, n, 1));
       c->set_output(0, merged);
+      c->set_output(1, c->Scalar());
       return absl::OkStatus();
     })
     .Doc(R"doc(
 Sum (or mean) of N same-shaped tensors on the host CPU, accumulated in
-float32 in input order. out_type is T or float.
+float32 in input order. out_type is T or float. With divide (sum only), the
+float32 sum is divided by `divisor` (Keras' unscaling of loss-scaled
+gradients). With check_finite, all_finite says whether every float32 result
+is finite, checked in the same pass; without it, all_finite is true.
 )doc");
 
 REGISTER_OP("Glp>HostApplySgd")
