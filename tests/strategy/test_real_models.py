@@ -310,3 +310,81 @@ def test_small_resnet_on_digits_reaches_single_device_accuracy():
         assert accuracy[name] == pytest.approx(true, abs=1e-6)
     assert accuracy["single"] > 0.9
     assert accuracy["glp"] >= accuracy["single"] - 0.03, accuracy
+
+
+@pytest.mark.parametrize("compression", ["bf16", "fp16"])
+@pytest.mark.parametrize("update", MODES)
+def test_compression_applies_to_gradients_only(update, compression):
+    x, y = _data()
+    plain = _build(glp(update), "batchnorm")
+    compressed = _build(tf_glp.Strategy(DEVICES, update=update, chunking="none", compression=compression),
+                        "batchnorm")
+    history = compressed.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history
+    reference = plain.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history
+    for key in reference:
+        assert np.all(np.isfinite(history[key])), key
+        np.testing.assert_allclose(history[key], reference[key], rtol=3e-2, atol=2e-2, err_msg=key)
+    # The gradients were compressed: the weights differ by their rounding.
+    assert not all(np.array_equal(a, b) for a, b in zip(plain.get_weights(), compressed.get_weights()))
+    # Same weights in both models: evaluate() must agree exactly. (set_weights
+    # on both: batch statistics are per replica, as under MirroredStrategy,
+    # and set_weights makes every replica's copy the same.)
+    weights = plain.get_weights()
+    plain.set_weights(weights)
+    compressed.set_weights(weights)
+    assert compressed.evaluate(x, y, batch_size=32, verbose=0) == plain.evaluate(x, y, batch_size=32, verbose=0)
+
+
+@pytest.mark.parametrize("update", MODES)
+def test_fp16_compression_overflow_is_a_clear_error(update):
+    x, y = _data(64)
+    y_far = np.full((64, 1), 1e6, np.float32)  # a regression target far away: huge gradients
+    with glp_compressed(update).scope():
+        model = keras.Sequential([keras.Input((12,)), L.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(1e-9), loss="mse")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="does not fit in float16"):
+        model.fit(x, y_far, batch_size=32, epochs=1, verbose=0)
+
+
+def test_fp16_compression_overflow_under_loss_scaling_skips_the_step():
+    # mixed_float16 under update="host": the overflow is one more non-finite
+    # step for dynamic loss scaling, which skips it and halves the scale.
+    x, _ = _data(32)
+    y_far = np.full((32, 1), 3e3, np.float32)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with glp_compressed("host").scope():
+            model = keras.Sequential([keras.Input((12,)), L.Dense(1, dtype="float32")])
+            model.compile(optimizer=keras.optimizers.SGD(1e-9), loss="mse")
+        before = [w.numpy() for w in model.weights]
+        model.fit(x, y_far, batch_size=32, epochs=1, verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert float(model.optimizer.dynamic_scale.numpy()) == 2.0**14
+    for a, b in zip(before, model.weights):
+        np.testing.assert_array_equal(a, b.numpy())
+
+
+def glp_compressed(update):
+    return tf_glp.Strategy(DEVICES, update=update, chunking="none", compression="fp16")
+
+
+def test_overflow_on_one_replica_skips_the_step_under_update_host():
+    # Only the second replica's half of the batch overflows. The host checks
+    # the summed gradients, so the step is skipped (Keras' LossScaleOptimizer
+    # under MirroredStrategy looks at the first replica's gradients only).
+    x, y = _data(32)
+    x[16:] *= 6e4
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with glp("host").scope():
+            model = keras.Sequential([keras.Input((12,)), L.Dense(16, activation="relu"), L.Dense(3, dtype="float32")])
+            model.compile(optimizer=keras.optimizers.SGD(0.05),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        before = [w.numpy() for w in model.weights]
+        model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert float(model.optimizer.dynamic_scale.numpy()) == 2.0**14
+    for a, b in zip(before, model.weights):
+        np.testing.assert_array_equal(a, b.numpy())

@@ -39,8 +39,9 @@ def apply_with_accumulation(optimizer, grads, variables) -> None:
     steps = optimizer.gradient_accumulation_steps
 
     def merge_fn(strategy, grads):
-        summed = strategy.extended.batch_reduce_to(
-            tf.distribute.ReduceOp.SUM, [(g, v) for g, v in zip(grads, variables)])
+        with strategy._reducing_gradients():
+            summed = strategy.extended.batch_reduce_to(
+                tf.distribute.ReduceOp.SUM, [(g, v) for g, v in zip(grads, variables)])
         is_update_step = (optimizer._iterations + 1) % steps == 0  # noqa: SLF001
         learning_rate = optimizer.learning_rate
         per_copy = zip(*[_copies(v) for v in variables])

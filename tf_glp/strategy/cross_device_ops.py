@@ -3,6 +3,8 @@ host_reduce, chunk by chunk, then sent where TensorFlow asks."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
@@ -35,9 +37,19 @@ def byte_sizes(parts_per_value: Sequence[Sequence[tf.Tensor]]) -> list[int]:
     return [int(parts[0].shape.num_elements() or 0) * parts[0].dtype.size for parts in parts_per_value]
 
 
-def compress(parts: Sequence[tf.Tensor], compression: str | None) -> list[tf.Tensor]:
+_FLOAT16_MAX = 65504.0
+
+
+def compress(parts: Sequence[tf.Tensor], compression: str | None, *, overflow: str = "raise") -> list[tf.Tensor]:
     """Casts float32 parts to 16 bits on their own devices before they cross
-    to the host (accumulation on the host stays float32)."""
+    to the host (accumulation on the host stays float32).
+
+    A finite float32 value beyond float16's range (65504) would become inf.
+    With overflow="raise" that is an InvalidArgumentError naming the value;
+    with overflow="propagate" the inf goes on, for a caller that checks the
+    sum and skips the step (dynamic loss scaling under update="host").
+    bfloat16 has float32's range and cannot overflow.
+    """
     dtype = COMPRESSION_DTYPES[compression]
     if dtype is None:
         return list(parts)
@@ -45,9 +57,26 @@ def compress(parts: Sequence[tf.Tensor], compression: str | None) -> list[tf.Ten
     for part in parts:
         if part.dtype == tf.float32:
             with tf.device(part.device):
+                if dtype == tf.float16 and overflow == "raise":
+                    part = _checked_float16(part)
                 part = tf.cast(part, dtype)
         out.append(part)
     return out
+
+
+def _checked_float16(part: tf.Tensor) -> tf.Tensor:
+    # Only finite values that float16 cannot hold fail; a gradient that is
+    # already inf or NaN passes through as it would without compression.
+    largest = tf.reduce_max(tf.where(tf.math.is_finite(part), tf.abs(part), 0.0))
+    check = tf.debugging.Assert(
+        largest <= _FLOAT16_MAX,
+        ["tf_glp.Strategy(compression='fp16'): a gradient value of magnitude", largest,
+         "does not fit in float16 (largest 65504) and would become inf. Use compression='bf16' "
+         "(float32's range), or the 'mixed_float16' policy with update='host', whose loss scaling "
+         "skips such steps."],
+        summarize=1)
+    with tf.control_dependencies([check]):
+        return tf.identity(part)
 
 
 def reduce_on_host(parts: Sequence[tf.Tensor], reduce_op: tf.distribute.ReduceOp, out_dtype: tf.DType,
@@ -75,8 +104,9 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
 
     Args:
         host_device: Where reductions run.
-        compression: None, "bf16" or "fp16": float32 values cross to the host
-            in 16 bits and are accumulated in float32.
+        compression: None, "bf16" or "fp16": float32 gradients (reductions
+            inside `reducing_gradients()`) cross to the host in 16 bits and
+            are accumulated in float32.
         chunk_plan: Called with the values' sizes in bytes, returns chunks of
             indices (default: every value its own chunk).
 
@@ -93,13 +123,34 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
         self.host_device = host_device
         self.compression = compression
         self.chunk_plan = chunk_plan
+        self._gradient_scopes = 0
+        self._lock = threading.Lock()
 
+    @contextlib.contextmanager
+    def reducing_gradients(self):
+        """Marks the reductions made inside as gradient sums: only those are
+        compressed; metrics, losses and everything else stay exact.
+
+        A count, not a thread-local: tf.distribute builds each replica's step
+        in its own thread and runs the merge (where reductions happen) in
+        another. Merges happen only when every replica has reached the same
+        merge_call, so a gradient merge sees every replica inside this scope
+        and any other merge sees none.
+        """
+        with self._lock:
+            self._gradient_scopes += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._gradient_scopes -= 1
     def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
         return self.batch_reduce_implementation(reduce_op, [(per_replica_value, destinations)], options)[0]
 
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
         parts = [local_components(value) for value, _ in value_destination_pairs]
         chunks = self.chunk_plan(byte_sizes(parts)) if self.chunk_plan else [[i] for i in range(len(parts))]
+        compression = self.compression if self._gradient_scopes else None
         results: list = [None] * len(parts)
         for chunk in chunks:
             # A chunk starts once all its inputs exist (one value: no barrier).
@@ -107,6 +158,6 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
             with tf.control_dependencies(barrier):
                 for i in chunk:
                     dtype = parts[i][0].dtype
-                    reduced = reduce_on_host(compress(parts[i], self.compression), reduce_op, dtype, self.host_device)
+                    reduced = reduce_on_host(compress(parts[i], compression), reduce_op, dtype, self.host_device)
                     results[i] = self.broadcast(reduced, value_destination_pairs[i][1])
         return results

@@ -8,6 +8,8 @@ a tf_glp.Strategy:
 
 - TFOptimizer._backend_update_step: the fused host update (HostStrategy).
 - TFOptimizer._apply_weight_decay: skipped when the fused update applies it.
+- LossScaleOptimizer._tf_apply: dynamic loss scaling inside the host update
+  (HostStrategy, loss_scaling.py).
 - TFOptimizer._backend_apply_gradients: with gradient_accumulation_steps,
   the accumulation of accumulation.py (Keras' own fails under every
   tf.distribute strategy: a merge_call inside its `cond`).
@@ -35,10 +37,22 @@ _lock = threading.Lock()
 
 
 def _glp_strategy(obj):
+    """The tf_glp.Strategy that `obj` (a model or optimizer) runs under, if any.
+
+    An optimizer created outside `strategy.scope()` (as in
+    `model.compile(optimizer=keras.optimizers.SGD())` written before the
+    scope) remembers the default strategy, yet runs its step inside the
+    tf_glp.Strategy's replicas: then the current strategy decides.
+    """
+    import tensorflow as tf  # noqa: PLC0415
+
     from tf_glp.strategy.strategy import Strategy  # noqa: PLC0415 (circular)
 
     strategy = getattr(obj, "_distribution_strategy", None) or getattr(obj, "_distribute_strategy", None)
-    return strategy if isinstance(strategy, Strategy) else None
+    if isinstance(strategy, Strategy):
+        return strategy
+    current = tf.distribute.get_strategy()
+    return current if isinstance(current, Strategy) else None
 
 
 def install() -> None:
@@ -74,9 +88,12 @@ def _install_optimizer_hooks() -> None:
     @functools.wraps(original_update)
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         strategy = _glp_strategy(self)
-        if strategy is not None and strategy._apply_update(self, grads, trainable_variables):
+        if strategy is None:
+            return original_update(self, grads, trainable_variables, learning_rate)
+        if strategy._apply_update(self, grads, trainable_variables):
             return None
-        return original_update(self, grads, trainable_variables, learning_rate)
+        with strategy._reducing_gradients():  # Keras' all-reduce of the gradients
+            return original_update(self, grads, trainable_variables, learning_rate)
 
     @functools.wraps(original_decay)
     def _apply_weight_decay(self, variables):
@@ -104,6 +121,30 @@ def _install_optimizer_hooks() -> None:
     TFOptimizer._backend_update_step = _backend_update_step
     TFOptimizer._backend_apply_gradients = _backend_apply_gradients
     TFOptimizer._apply_weight_decay = _apply_weight_decay
+    _install_loss_scale_hook()
+
+
+def _install_loss_scale_hook() -> None:
+    import tensorflow as tf  # noqa: PLC0415
+    from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer  # noqa: PLC0415
+
+    if not hasattr(LossScaleOptimizer, "_tf_apply"):
+        warnings.warn("tf_glp: this Keras version has no LossScaleOptimizer._tf_apply; under update='host' "
+                      "loss scaling runs Keras' own way (finiteness of the first replica's gradients).",
+                      stacklevel=4)
+        return
+    original_tf_apply = LossScaleOptimizer._tf_apply
+
+    @functools.wraps(original_tf_apply)
+    def _tf_apply(self, grads, trainable_variables=None):
+        strategy = _glp_strategy(self)
+        variables = trainable_variables if trainable_variables is not None else self._trainable_variables
+        if (strategy is not None and tf.distribute.get_replica_context() is not None
+                and strategy._apply_loss_scaled_update(self, grads, variables)):
+            return None
+        return original_tf_apply(self, grads, trainable_variables)
+
+    LossScaleOptimizer._tf_apply = _tf_apply
 
 
 def _install_model_hooks() -> None:

@@ -29,9 +29,9 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tf_glp.ops import FusedKerasUpdate, supports_fused_update
+from tf_glp.ops import FusedKerasUpdate, host_reduce, supports_fused_update
 from tf_glp.strategy import chunking as chunking_lib
-from tf_glp.strategy import cost_model, devices as devices_lib, hooks
+from tf_glp.strategy import cost_model, devices as devices_lib, hooks, loss_scaling
 from tf_glp.strategy.host_extended import HostExtended, is_host_variable
 from tf_glp.strategy.cross_device_ops import (
     COMPRESSION_DTYPES,
@@ -60,9 +60,13 @@ class Strategy(tf.distribute.Strategy):
         chunking: "auto" (cost model + measured search in the first steps of
             the first fit), "none" (one chunk), an int number of chunks, or a
             byte size such as "4MB".
-        compression: None, "bf16" or "fp16": gradients cross to the host in
-            16 bits and are accumulated in float32 (results then differ from
-            float32 training by the rounding of the gradients).
+        compression: None, "bf16" or "fp16": gradients (and nothing else:
+            metrics and losses stay exact) cross to the host in 16 bits and
+            are accumulated in float32 (results then differ from float32
+            training by the rounding of the gradients). A finite gradient
+            beyond float16's range raises InvalidArgumentError, except under
+            'mixed_float16' with update="host", where loss scaling skips the
+            step and lowers the scale.
         cpu_replicas: Number of logical CPU replicas when there are no GPUs
             (default 2), or to force CPU replicas on a GPU machine.
 
@@ -158,11 +162,18 @@ class Strategy(tf.distribute.Strategy):
         lines.append(f"  chunks in use: {self._effective_chunking()}" + ("" if self._tuned else " (search running)"))
         return "\n".join(lines)
 
+    def _reducing_gradients(self):
+        """Context for gradient reductions: the only ones `compression` applies to."""
+        return self._host_ops.reducing_gradients()
+
     # -- host update (update="host" only) -----------------------------------
     def _fuses_update(self, optimizer, variables) -> bool:
         return False
 
     def _apply_update(self, optimizer, grads, variables) -> bool:
+        return False
+
+    def _apply_loss_scaled_update(self, loss_scale_optimizer, grads, variables) -> bool:
         return False
 
 
@@ -184,18 +195,19 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
         tf.distribute.Strategy.__init__(self, HostExtended(self, devices, HOST_DEVICE))
         # The supported hook for reductions (used for metrics, losses and
         # optimizers without a fused update).
-        self.extended._cross_device_ops = HostCrossDeviceOps(HOST_DEVICE, compression, self._plan)
+        self._host_ops = HostCrossDeviceOps(HOST_DEVICE, compression, self._plan)
+        self.extended._cross_device_ops = self._host_ops
 
     def _fuses_update(self, optimizer, variables) -> bool:
-        if tf.distribute.get_replica_context() is None:
-            return False
         if not supports_fused_update(optimizer, update_step_only=True)[0]:
             return False
         return all(v.dtype == "float32" and getattr(v, "constraint", None) is None for v in variables)
 
     def _apply_update(self, optimizer, grads, variables) -> bool:
         """Sums the replicas' gradients and applies the optimizer in one fused
-        pass per variable on the host (called from the optimizer hook)."""
+        pass per variable on the host (called from the optimizer hook). In
+        cross-replica context (the loss-scaled step below) the gradients are
+        already summed host tensors."""
         if not self._fuses_update(optimizer, variables):
             return False
         _check_not_xla()
@@ -214,6 +226,54 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
                         fused.apply([per_variable[i] for i in chunk], [variables[i] for i in chunk],
                                     increment_iterations=False)
 
+        replica_context = tf.distribute.get_replica_context()
+        if replica_context is None:
+            merge_fn(self, *grads)
+        else:
+            replica_context.merge_call(merge_fn, args=tuple(grads))
+        return True
+
+    def _apply_loss_scaled_update(self, loss_scale_optimizer, grads, variables) -> bool:
+        """Keras' dynamic loss scaling, inside the host update.
+
+        The host sums each variable's replica gradients and divides the sum
+        by the loss scale in one native pass that also checks the result is
+        finite (Note [Finite check in the reduce pass]); then, as Keras'
+        LossScaleOptimizer does, either the inner optimizer's fused update
+        runs and the scale grows after `dynamic_growth_steps` good steps, or
+        the step is skipped and the scale halves. Unlike Keras under
+        MirroredStrategy, which looks at the first replica's gradients only,
+        an overflow on any replica (or in the sum, or in fp16 compression)
+        skips the step.
+        """
+        inner = loss_scale_optimizer.inner_optimizer
+        if not self._fuses_update(inner, variables) or any(
+                getattr(inner, name, None) is not None for name in ("clipnorm", "clipvalue", "global_clipnorm")):
+            # Keras clips each replica's gradients before the sum; keep its
+            # own path (the fused update still runs inside it).
+            return False
+        _check_not_xla()
+        variables = list(variables)
+        compression = self.compression
+
+        def merge_fn(strategy, *grads):
+            scale = tf.convert_to_tensor(loss_scale_optimizer.dynamic_scale.value)
+            summed, finite = [], []
+            with tf.device(HOST_DEVICE):
+                for grad in grads:
+                    if grad is None:  # Keras' apply skips variables without gradients
+                        summed.append(None)
+                        continue
+                    # An fp16 overflow becomes inf and skips the step, as
+                    # loss scaling intends, instead of raising.
+                    parts = compress(local_components(grad), compression, overflow="propagate")
+                    total, all_finite = host_reduce(parts, output_dtype=tf.float32, divisor=scale,
+                                                    return_all_finite=True)
+                    summed.append(total)
+                    finite.append(all_finite)
+                step_is_finite = tf.reduce_all(tf.stack(finite))
+            loss_scaling.finish_step(loss_scale_optimizer, step_is_finite, summed, variables)
+
         tf.distribute.get_replica_context().merge_call(merge_fn, args=tuple(grads))
         return True
 
@@ -223,14 +283,12 @@ class ReplicaStrategy(Strategy, tf.distribute.MirroredStrategy):
 
     def __init__(self, devices=None, *, update: str = "replicas", chunking="auto", compression=None, cpu_replicas=None):
         devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
-        tf.distribute.MirroredStrategy.__init__(
-            self, devices=devices, cross_device_ops=HostCrossDeviceOps(HOST_DEVICE, compression, self._plan))
+        self._host_ops = HostCrossDeviceOps(HOST_DEVICE, compression, self._plan)
+        tf.distribute.MirroredStrategy.__init__(self, devices=devices, cross_device_ops=self._host_ops)
 
 
 def _measure_host_rates(uses_gpus: bool) -> cost_model.HostRates:
     """Times the host engine on this machine (about 0.2 s)."""
-    from tf_glp.ops import host_reduce  # noqa: PLC0415
-
     elements = 4 << 20
     with tf.device(HOST_DEVICE):
         inputs = [tf.random.stateless_uniform([elements], seed=[i, 0]) for i in range(2)]
