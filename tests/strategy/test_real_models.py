@@ -100,12 +100,19 @@ def fused_calls(monkeypatch):
 
 @pytest.mark.parametrize("update", MODES)
 @pytest.mark.parametrize("row", sorted(ROWS))
-def test_trains_like_mirrored_strategy(row, update, fused_calls):
+def test_trains_like_mirrored_strategy(row, update, fused_calls, tmp_path):
     reference = _train(mirrored(), row)
     ours = _train(glp(update), row)
     _assert_same(ours, reference)
     # The fused host update runs for the trainable variables under update="host".
     assert bool(fused_calls) == (update == "host")
+    # Saved, loaded on one device and used there: the same model.
+    x, _ = _data(64, seed=5)
+    predictions = []
+    for name, (_, _, _, model) in (("ours", ours), ("reference", reference)):
+        model.save(tmp_path / f"{name}.keras")
+        predictions.append(keras.models.load_model(tmp_path / f"{name}.keras").predict(x, verbose=0))
+    np.testing.assert_allclose(predictions[0], predictions[1], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("update", MODES)
@@ -146,6 +153,45 @@ def test_gradient_accumulation_matches_one_device(update):
     np.testing.assert_allclose(ours[1], reference[1], rtol=1e-5)
     # 16 steps over 2 epochs, an update every 3rd step
     assert int(ours[2].optimizer.iterations.numpy()) == 16 // 3
+
+
+@pytest.mark.parametrize("update", MODES)
+def test_ema_overwrite_frequency_matches_one_device(update):
+    # Keras' own implementation fails under every tf.distribute strategy.
+    x, y = _data()
+
+    def train(strategy):
+        keras.utils.set_random_seed(7)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((12,)), L.Dense(16, activation="relu"), L.Dense(3)])
+            model.compile(optimizer=keras.optimizers.Adam(1e-2, use_ema=True, ema_overwrite_frequency=3),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+        return [w.numpy() for w in model.weights]
+
+    for a, b in zip(train(glp(update)), train(tf.distribute.get_strategy())):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("update", MODES)
+def test_regularizer_loss_and_weights_match_one_device(update):
+    # Keras' test_correctness_with_fit_and_regularizer, with tf_glp.Strategy.
+    x, y = np.ones((12, 1), np.float32), np.zeros((12, 1), np.float32)
+
+    def train(strategy):
+        with strategy.scope():
+            inputs = keras.Input((1,))
+            layer = L.Dense(1, use_bias=False, kernel_initializer=keras.initializers.Constant(1),
+                            kernel_regularizer=keras.regularizers.L1L2(l1=0.01, l2=0.01))
+            model = keras.Model(inputs, layer(inputs))
+            model.compile(loss="mse", optimizer="sgd")
+        history = model.fit(x, y, batch_size=12, epochs=1, verbose=0).history
+        return history["loss"], layer.kernel.numpy()
+
+    loss, kernel = train(glp(update))
+    expected_loss, expected_kernel = train(tf.distribute.get_strategy())
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-6)
+    np.testing.assert_allclose(kernel, expected_kernel, rtol=1e-6)
 
 
 @pytest.mark.parametrize("update", MODES)

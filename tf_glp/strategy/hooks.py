@@ -10,8 +10,8 @@ a tf_glp.Strategy:
 - TFOptimizer._apply_weight_decay: skipped when the fused update applies it.
 - LossScaleOptimizer._tf_apply: dynamic loss scaling inside the host update
   (HostStrategy, loss_scaling.py).
-- TFOptimizer._backend_apply_gradients: with gradient_accumulation_steps,
-  the accumulation of accumulation.py (Keras' own fails under every
+- TFOptimizer._backend_apply_gradients: with gradient_accumulation_steps or
+  ema_overwrite_frequency, apply_gradients.py (Keras' own fails under every
   tf.distribute strategy: a merge_call inside its `cond`).
 - Trainer.compile: jit_compile="auto" becomes False (the host ops run
   outside XLA); jit_compile=True is refused with a clear message. (Patched
@@ -71,7 +71,7 @@ _OPTIMIZER_METHODS = ("_backend_update_step", "_apply_weight_decay", "_backend_a
 def _install_optimizer_hooks() -> None:
     import tensorflow as tf  # noqa: PLC0415
 
-    from tf_glp.strategy.accumulation import apply_with_accumulation  # noqa: PLC0415
+    from tf_glp.strategy.apply_gradients import apply_gradients, needs_own_apply  # noqa: PLC0415
 
     try:
         from keras.src.backend.tensorflow.optimizer import TFOptimizer  # noqa: PLC0415
@@ -105,18 +105,9 @@ def _install_optimizer_hooks() -> None:
     @functools.wraps(original_apply_gradients)
     def _backend_apply_gradients(self, grads, trainable_variables):
         strategy = _glp_strategy(self)
-        if (strategy is None or not self.gradient_accumulation_steps
-                or tf.distribute.get_replica_context() is None):
+        if strategy is None or not needs_own_apply(self) or tf.distribute.get_replica_context() is None:
             return original_apply_gradients(self, grads, trainable_variables)
-        apply_with_accumulation(self, grads, trainable_variables)
-        # The rest of Keras 3.15's BaseOptimizer._backend_apply_gradients.
-        if self.use_ema:
-            if self.ema_overwrite_frequency:
-                raise ValueError(
-                    "tf_glp.Strategy: use_ema with ema_overwrite_frequency and gradient_accumulation_steps "
-                    "together is not supported; use keras.callbacks.SwapEMAWeights instead.")
-            self._update_model_variables_moving_average(self._trainable_variables)
-        return None
+        return apply_gradients(self, grads, trainable_variables)
 
     TFOptimizer._backend_update_step = _backend_update_step
     TFOptimizer._backend_apply_gradients = _backend_apply_gradients

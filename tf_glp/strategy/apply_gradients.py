@@ -1,18 +1,22 @@
-"""Gradient accumulation (`gradient_accumulation_steps=n`) under tf_glp.Strategy.
+"""Keras' `_backend_apply_gradients` for the two features whose Keras
+implementation puts a cross-replica sum inside a `cond` in the replicas'
+step, which tf.distribute forbids (every stock strategy fails at the first
+step): gradient accumulation and `use_ema` with `ema_overwrite_frequency`.
 
-Keras applies accumulation with a `cond` in the replicas' step whose branches
-sum gradients across replicas (`merge_call`); tf.distribute forbids that, so
-every stock strategy fails at the first step. tf_glp sums the replicas'
-gradients first, once per step (the host reduction), and runs the `cond` in
-cross-replica context on each copy of the variables: the host's single copy
-under update="host" (accumulators live on the host, beside the optimizer
-slots), every replica's copy under update="replicas". Each copy then does
-exactly what Keras does on one device:
+Accumulation: tf_glp sums the replicas' gradients first, once per step (the
+host reduction), and runs the `cond` in cross-replica context on each copy of
+the variables: the host's single copy under update="host" (accumulators live
+on the host, beside the optimizer slots), every replica's copy under
+update="replicas". Each copy then does exactly what Keras does on one device:
 
     accumulate:  acc += g
     every n-th:  g' = clip((g + acc) / n); weight decay; update_step(g'); acc = 0
-"""
 
+EMA overwrite: the `cond` runs in cross-replica context, where the copy of
+the averages into the weights needs no merge.
+
+Everything else follows Keras 3.15's BaseOptimizer._backend_apply_gradients.
+"""
 from __future__ import annotations
 
 import keras
@@ -30,9 +34,47 @@ def _copies(value) -> tuple:
     return (get(),) if callable(get) else (value,)
 
 
+def needs_own_apply(optimizer) -> bool:
+    """Whether Keras' own _backend_apply_gradients would fail in replica context."""
+    return bool(optimizer.gradient_accumulation_steps) or bool(
+        optimizer.use_ema and optimizer.ema_overwrite_frequency)
+
+
+def apply_gradients(optimizer, grads, variables) -> None:
+    """Keras' _backend_apply_gradients, from the replica context of a
+    tf_glp.Strategy (see the module docstring)."""
+    if optimizer.gradient_accumulation_steps:
+        apply_with_accumulation(optimizer, grads, variables)
+    else:
+        grads = optimizer._clip_gradients(grads)  # noqa: SLF001
+        optimizer._apply_weight_decay(variables)  # noqa: SLF001
+        optimizer._backend_update_step(grads, variables, optimizer.learning_rate)  # noqa: SLF001
+    if optimizer.use_ema:
+        optimizer._update_model_variables_moving_average(optimizer._trainable_variables)  # noqa: SLF001
+        if optimizer.ema_overwrite_frequency:
+            _overwrite_with_averages_every(optimizer, optimizer.ema_overwrite_frequency)
+
+
+def _overwrite_with_averages_every(optimizer, frequency: int) -> None:
+    variables = [v.value if isinstance(v, keras.Variable) else v for v in optimizer._trainable_variables]  # noqa: SLF001
+    averages = [a.value if isinstance(a, keras.Variable) else a
+                for a in optimizer._model_variables_moving_average]  # noqa: SLF001
+
+    def merge_fn(strategy):
+        def overwrite():
+            for variable, average in zip(variables, averages):
+                if average is not None:
+                    strategy.extended.update(variable, lambda v, a: v.assign(a), args=(average,))
+            return tf.constant(True)
+
+        tf.cond((optimizer.iterations + 1) % frequency == 0, overwrite, lambda: tf.constant(False))
+
+    tf.distribute.get_replica_context().merge_call(merge_fn)
+
+
 def apply_with_accumulation(optimizer, grads, variables) -> None:
-    """One step of `optimizer` with gradient accumulation, from the replica
-    context of a tf_glp.Strategy (see the module docstring)."""
+    """One step of `optimizer` with gradient accumulation (see the module
+    docstring), from the replica context of a tf_glp.Strategy."""
     grads = list(grads)
     accumulators = [optimizer._accumulated_gradients[optimizer._get_variable_index(v)].value for v in variables]  # noqa: SLF001
     variables = [v.value if isinstance(v, keras.Variable) else v for v in variables]
