@@ -4,12 +4,18 @@
         model = ...; model.compile(...)
     model.fit(...)
 
-update="host" (a CentralStorageStrategy): variables and optimizer slots live
-on the host; the replicas' gradients are summed there and the optimizer runs
-once per step. For keras.optimizers.SGD / Adam / AdamW the sum and the update
-are one fused native pass per variable (tf_glp.ops.FusedKerasUpdate); other
+update="host" (a CentralStorageStrategy whose extended object gives each
+variable a home, host_extended.py): weights and optimizer slots live on the
+host; the replicas' gradients are summed there and the optimizer runs once
+per step. For keras.optimizers.SGD / Adam / AdamW the sum and the update are
+one fused native pass per variable (tf_glp.ops.FusedKerasUpdate); other
 optimizers get the sum from the native host_reduce and run their own update
-on the host.
+on the host. Metric variables, batch statistics, random-generator state and
+loss-scale counters live on the replicas, exactly as under MirroredStrategy,
+so every model MirroredStrategy trains trains here, to the same numbers.
+Dynamic loss scaling runs inside the host update (loss_scaling.py); gradient
+accumulation and EMA overwrites, which fail under every stock strategy, have
+their own step (apply_gradients.py).
 
 update="replicas" (a MirroredStrategy): variables mirrored on the devices;
 gradients are summed on the host by the native host_reduce and sent back;
