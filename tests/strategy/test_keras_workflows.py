@@ -82,21 +82,6 @@ def test_checkpoint_and_backup_and_restore(tmp_path):
     assert os.path.isdir(backup) is False or not os.listdir(backup)  # cleaned up when training finished
 
 
-def test_auto_chunking_searches_and_explains():
-    strategy = tf_glp.Strategy(cpu_replicas=2)  # chunking="auto"
-    assert strategy.chunking == "auto"
-    model = _model(strategy)
-    x, y = _digits(1024)
-    model.fit(x, y, batch_size=32, epochs=1, verbose=0)
-    report = strategy.explain()
-    assert strategy._tuned
-    assert "chunks in use" in report and "measured" in report
-    measured = [row["measured"] for row in strategy._search if row["measured"] is not None]
-    assert measured and strategy._auto_chunks in [row["components"].chunks for row in strategy._search]
-    best = min(strategy._search, key=lambda r: r["measured"] if r["measured"] is not None else float("inf"))
-    assert strategy._auto_chunks == best["components"].chunks
-
-
 class TestErrors:
     def test_bad_arguments(self):
         with pytest.raises(ValueError, match="update must be 'host' or 'replicas', got 'gpu'"):

@@ -1,15 +1,20 @@
 """The chunking cost model (ICPE 2018, section "runtime algorithm").
 
 A step costs the devices' compute time plus the part of the host's work that
-does not overlap it. With c chunks, the host can start chunk k while the
-devices compute earlier layers, so only about one chunk's host work stays
-exposed, while every chunk adds a fixed synchronisation overhead:
+does not overlap it. With c chunks, the host works on chunk k while the
+devices still compute the backward pass of earlier layers, so the host work
+of the first c - 1 chunks can hide behind the rest of the backward pass (but
+not behind more than the backward pass itself); only the last chunk's work
+stays exposed for sure, and every chunk adds a fixed synchronisation cost:
 
-    step(c) = compute + host / c + overhead * c
-    host    = transfer + host_reduce + host_update
+    host      = transfer + host_reduce + host_update
+    hidden(c) = min(host * (c - 1) / c, backward)      backward ~ 2/3 of compute
+    step(c)   = compute + host - hidden(c) + overhead * c
 
-which is smallest near c* = sqrt(host / overhead). The measured search starts
-there (see tuner.py). Pure Python, testable without TensorFlow.
+Before the compute time is known the backward pass is assumed long enough to
+hide everything (hidden = host (c - 1) / c). chunking_decision.py measures
+the one-chunk step, calibrates compute from it and takes the best c under
+the calibrated model. Pure Python, testable without TensorFlow.
 """
 
 from __future__ import annotations
@@ -69,22 +74,43 @@ def host_components(workload: Workload, rates: HostRates) -> tuple[float, float,
     return transfer, reduce, update
 
 
-def predict(workload: Workload, rates: HostRates, chunks: int, compute: float = 0.0) -> Components:
-    """Predicted components of a step with `chunks` chunks."""
+# The backward pass computes two products per forward one.
+BACKWARD_SHARE = 2.0 / 3.0
+
+
+def predict(workload: Workload, rates: HostRates, chunks: int, compute: float | None = None) -> Components:
+    """Predicted components of a step with `chunks` chunks (seconds).
+
+    Args:
+        compute: The devices' compute time per step, if known (see the
+            module docstring); None assumes the backward pass hides the work
+            of all chunks but the last.
+    """
     if chunks < 1:
         raise ValueError(f"chunks must be >= 1, got {chunks}")
     transfer, reduce, update = host_components(workload, rates)
     host = transfer + reduce + update
-    exposed = host / chunks + rates.chunk_overhead_s * chunks
-    return Components(chunks, compute, transfer, reduce, update, exposed)
+    hidden = host * (chunks - 1) / chunks
+    if compute is not None:
+        hidden = min(hidden, BACKWARD_SHARE * compute)
+    exposed = host - hidden + rates.chunk_overhead_s * chunks
+    return Components(chunks, compute or 0.0, transfer, reduce, update, exposed)
 
 
-def best_chunk_count(workload: Workload, rates: HostRates, max_chunks: int) -> int:
-    """The integer chunk count in [1, max_chunks] the model predicts fastest."""
-    transfer, reduce, update = host_components(workload, rates)
-    host = transfer + reduce + update
-    if rates.chunk_overhead_s <= 0:
-        return max_chunks
-    ideal = math.sqrt(host / rates.chunk_overhead_s)
-    candidates = {max(1, min(max_chunks, c)) for c in (math.floor(ideal), math.ceil(ideal))}
-    return min(candidates, key=lambda c: predict(workload, rates, c).exposed)
+def best_chunk_count(workload: Workload, rates: HostRates, max_chunks: int, compute: float | None = None) -> int:
+    """The chunk count in [1, max_chunks] the model predicts fastest (the
+    smallest of equals)."""
+    counts = range(1, max(1, max_chunks) + 1)
+    return min(counts, key=lambda c: (predict(workload, rates, c, compute).step, c))
+
+
+def calibrate_compute(workload: Workload, rates: HostRates, measured_one_chunk: float) -> float:
+    """The compute time that makes the model's one-chunk step equal to the
+    measured one (never negative)."""
+    return max(0.0, measured_one_chunk - predict(workload, rates, 1).exposed)
+
+
+def gradient_workload(sizes: list[int], replicas: int, bytes_per_element: int = 4) -> Workload:
+    """The workload of variables with `sizes` elements each."""
+    total = int(sum(sizes))
+    return Workload(gradient_bytes=bytes_per_element * total, parameters=total, replicas=replicas)

@@ -18,7 +18,7 @@ a tf_glp.Strategy:
   on Keras' Trainer itself: Keras treats a Model whose compile differs from
   Trainer.compile as custom and then skips compile when loading it.)
 - TensorFlowTrainer.fit: refuses a global batch that does not divide by the
-  replica count, and adds the chunking tuner when chunking="auto".
+  replica count, and decides chunking="auto" (chunking_decision.py).
 
 They are installed once, when the first tf_glp.Strategy is created. If Keras
 changes these private methods, install() warns and tf_glp.Strategy falls
@@ -46,13 +46,11 @@ def _glp_strategy(obj):
     """
     import tensorflow as tf  # noqa: PLC0415
 
-    from tf_glp.strategy.strategy import Strategy  # noqa: PLC0415 (circular)
-
     strategy = getattr(obj, "_distribution_strategy", None) or getattr(obj, "_distribute_strategy", None)
-    if isinstance(strategy, Strategy):
+    if getattr(strategy, "_is_tf_glp_strategy", False):
         return strategy
     current = tf.distribute.get_strategy()
-    return current if isinstance(current, Strategy) else None
+    return current if getattr(current, "_is_tf_glp_strategy", False) else None
 
 
 def install() -> None:
@@ -139,6 +137,7 @@ def _install_loss_scale_hook() -> None:
 
 
 def _install_model_hooks() -> None:
+    from tf_glp.strategy import chunking_decision  # noqa: PLC0415
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer  # noqa: PLC0415
     from keras.src.trainers.trainer import Trainer  # noqa: PLC0415
 
@@ -167,12 +166,10 @@ def _install_model_hooks() -> None:
         if strategy is not None:
             bound = fit_signature.bind(self, *args, **kwargs)
             _check_global_batch(bound.arguments, strategy.num_replicas_in_sync)
-        if strategy is not None and not strategy._tuned:
-            from tf_glp.strategy.tuner import ChunkingTuner  # noqa: PLC0415
-
+        if strategy is not None and not chunking_decision.decide_without_measuring(strategy):
             callbacks = list(bound.arguments.get("callbacks") or [])
-            if not any(isinstance(c, ChunkingTuner) for c in callbacks):
-                callbacks.append(ChunkingTuner(strategy))
+            if not any(isinstance(c, chunking_decision.ChunkingDecision) for c in callbacks):
+                callbacks.append(chunking_decision.ChunkingDecision(strategy))
             bound.arguments["callbacks"] = callbacks
             return original_fit(*bound.args, **bound.kwargs)
         return original_fit(self, *args, **kwargs)

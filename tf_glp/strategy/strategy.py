@@ -23,8 +23,9 @@ every replica applies the update.
 
 Both group variables into chunks (chunking.py) so the host can work on the
 last layers while the devices still compute the gradients of earlier ones;
-chunking="auto" picks the chunk count with the cost model (cost_model.py)
-and a short measured search during the first training steps (tuner.py).
+chunking="auto" decides the chunk count at the start of the first fit, with
+the cost model (cost_model.py) and at most one confirming retrace
+(chunking_decision.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from __future__ import annotations
 import math
 import time
 
-import numpy as np
 import tensorflow as tf
 
 from tf_glp.ops import FusedKerasUpdate, host_reduce, supports_fused_update
@@ -63,9 +63,11 @@ class Strategy(tf.distribute.Strategy):
             `cpu_replicas` logical CPU devices.
         update: "host" (optimizer runs once, on the host) or "replicas"
             (every replica applies the host-summed gradients).
-        chunking: "auto" (cost model + measured search in the first steps of
-            the first fit), "none" (one chunk), an int number of chunks, or a
-            byte size such as "4MB".
+        chunking: "auto" (decided at the start of the first fit: one chunk
+            on CPU replicas, where chunking cannot help; on GPUs the cost
+            model calibrated on the first steps, with at most one confirming
+            retrace), "none" (one chunk), an int number of chunks, or a byte
+            size such as "4MB" (10^6 bytes), "4MiB" (2^20) or "4194304".
         compression: None, "bf16" or "fp16": gradients (and nothing else:
             metrics and losses stay exact) cross to the host in 16 bits and
             are accumulated in float32 (results then differ from float32
@@ -97,8 +99,11 @@ class Strategy(tf.distribute.Strategy):
             cls = HostStrategy if update == "host" else ReplicaStrategy
         return object.__new__(cls)
 
+    # Marks tf_glp strategies for hooks.py (which must not import this module).
+    _is_tf_glp_strategy = True
+
     def _glp_setup(self, devices, update, chunking, compression, cpu_replicas) -> list[str]:
-        chunking_lib.validate_chunking(chunking)
+        chunking_state = chunking_lib.Chunking(chunking)  # validates the setting
         if compression not in COMPRESSION_DTYPES:
             raise ValueError(f"compression must be None, 'bf16' or 'fp16', got {compression!r}")
         if devices is None:
@@ -109,63 +114,44 @@ class Strategy(tf.distribute.Strategy):
         if not devices:
             raise ValueError("devices must not be empty")
         self.update = update
-        self.chunking = chunking
         self.compression = compression
-        # The chunk count in use while chunking="auto" (set by the tuner).
-        self._auto_chunks: int | None = None
-        self._tuned = chunking != "auto"
-        self._search: list[dict] = []
-        self._workload: cost_model.Workload | None = None
+        self.chunking_state = chunking_state
         self._rates: cost_model.HostRates | None = None
         hooks.install()
         return devices
 
-    # -- chunking -------------------------------------------------------
-    def _effective_chunking(self):
-        if self.chunking != "auto":
-            return self.chunking
-        return self._auto_chunks if self._auto_chunks is not None else 1
-
-    def _plan(self, sizes: list[int]) -> list[list[int]]:
-        return chunking_lib.plan_chunks(sizes, self._effective_chunking())
-
-    def _set_auto_chunks(self, chunks: int) -> None:
-        self._auto_chunks = chunks
+    @property
+    def chunking(self):
+        """The chunking setting ("auto", "none", a count or a byte size)."""
+        return self.chunking_state.setting
 
     # -- cost model -------------------------------------------------------
     def host_rates(self) -> cost_model.HostRates:
         """Measures (once) the host speeds the cost model uses."""
         if self._rates is None:
-            self._rates = _measure_host_rates(self._uses_gpus())
+            self._rates = _measure_host_rates(self.uses_gpus())
         return self._rates
 
-    def _uses_gpus(self) -> bool:
-        return any("gpu" in d.lower() for d in self.extended.worker_devices)
+    def uses_gpus(self) -> bool:
+        """Whether every replica is a GPU (only then can the host's work
+        overlap the replicas' compute)."""
+        return all("gpu" in d.lower() for d in self.extended.worker_devices)
 
     def explain(self) -> str:
-        """The chunking decision: predicted and measured step time of each
-        candidate, with the cost model's components (in milliseconds).
+        """How the chunk count in use was chosen: the reason, and for
+        chunking="auto" on GPUs the predicted and measured step time of each
+        candidate with the cost model's components, in milliseconds.
 
         Example:
             >>> print(strategy.explain())
         """
         lines = [f"tf_glp.Strategy(update={self.update!r}, chunking={self.chunking!r}, "
                  f"compression={self.compression!r}) on {len(self.extended.worker_devices)} replicas"]
-        if self._workload is None or self._rates is None:
-            lines.append(f"  chunks in use: {self._effective_chunking()} (no search has run: chunking is fixed or no fit yet)")
+        if not self.chunking_state.decided and not self.chunking_state.trials:
+            lines.append(f"  chunks in use: {self.chunking_state.in_use()} (chunking='auto' decides at the start "
+                         f"of the first fit)")
             return "\n".join(lines)
-        w = self._workload
-        lines.append(f"  workload: {w.parameters:,} parameters, {w.gradient_bytes / 1e6:.1f} MB of gradients per replica")
-        header = (f"  {'chunks':>6} {'predicted':>10} {'measured':>10} {'compute':>9} {'transfer':>9} "
-                  f"{'reduce':>8} {'update':>8} {'exposed':>8}")
-        lines.append(header)
-        for row in self._search:
-            c = row["components"]
-            measured = f"{row['measured'] * 1e3:10.2f}" if row.get("measured") is not None else f"{'-':>10}"
-            lines.append(f"  {c.chunks:>6} {c.step * 1e3:10.2f} {measured} {c.compute * 1e3:9.2f} "
-                         f"{c.transfer * 1e3:9.2f} {c.host_reduce * 1e3:8.2f} {c.host_update * 1e3:8.2f} "
-                         f"{c.exposed * 1e3:8.2f}")
-        lines.append(f"  chunks in use: {self._effective_chunking()}" + ("" if self._tuned else " (search running)"))
+        lines.extend(self.chunking_state.explain_lines())
         return "\n".join(lines)
 
     def _reducing_gradients(self):
@@ -201,7 +187,7 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
         tf.distribute.Strategy.__init__(self, HostExtended(self, devices, HOST_DEVICE))
         # The supported hook for reductions (used for metrics, losses and
         # optimizers without a fused update).
-        self._host_ops = HostCrossDeviceOps(HOST_DEVICE, compression, self._plan)
+        self._host_ops = HostCrossDeviceOps(HOST_DEVICE, compression, self.chunking_state.plan)
         self.extended._cross_device_ops = self._host_ops
 
     def _fuses_update(self, optimizer, variables) -> bool:
@@ -223,7 +209,7 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
 
         def merge_fn(strategy, *grads):
             per_variable = [local_components(g) for g in grads]
-            chunks = self._plan(byte_sizes(per_variable))  # planned on uncompressed sizes
+            chunks = self.chunking_state.plan(byte_sizes(per_variable))  # planned on uncompressed sizes
             per_variable = [compress(parts, compression) for parts in per_variable]
             with tf.device(HOST_DEVICE):
                 for chunk in chunks:
@@ -289,7 +275,7 @@ class ReplicaStrategy(Strategy, tf.distribute.MirroredStrategy):
 
     def __init__(self, devices=None, *, update: str = "replicas", chunking="auto", compression=None, cpu_replicas=None):
         devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
-        self._host_ops = HostCrossDeviceOps(HOST_DEVICE, compression, self._plan)
+        self._host_ops = HostCrossDeviceOps(HOST_DEVICE, compression, self.chunking_state.plan)
         tf.distribute.MirroredStrategy.__init__(self, devices=devices, cross_device_ops=self._host_ops)
 
 
@@ -317,8 +303,3 @@ def _measure_host_rates(uses_gpus: bool) -> cost_model.HostRates:
     update_rate = reduce_bw / 28
     transfer = 12e9 if uses_gpus else math.inf  # PCIe 3 x16 effective; shared memory on CPUs
     return cost_model.HostRates(transfer, reduce_bw, update_rate, overhead_s)
-
-
-def gradient_workload(variables, replicas: int) -> cost_model.Workload:
-    sizes = [int(np.prod(v.shape)) for v in variables]
-    return cost_model.Workload(gradient_bytes=4 * sum(sizes), parameters=sum(sizes), replicas=replicas)

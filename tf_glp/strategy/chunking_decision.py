@@ -1,0 +1,156 @@
+"""chunking="auto", decided at start-up so that it never costs more than it wins.
+
+ICPE 2018 tunes the chunk count with a measured search during training. Each
+candidate retraces the train function, and a search that outlives the first
+fit() retraces again in the next: on a real run that cost more than the best
+chunking ever gave back. So the choice is made once, in the first fit:
+
+1. Where chunking cannot help it is not tried: on logical CPU replicas the
+   host's work runs on the same cores as the replicas' compute, so there is
+   nothing to overlap it with. One chunk, no measurement, no retrace.
+2. Otherwise (GPUs) the first steps run with one chunk, the train function
+   Keras traces anyway. Their median time calibrates the cost model's
+   compute term (cost_model.py); the model then names the best chunk count.
+3. If the model promises less than `min_gain`, one chunk it is (no retrace).
+   Else the train function is retraced once for that count and timed; it is
+   kept only if it measures faster than one chunk, else the one-chunk
+   function, kept aside, comes back (no second retrace).
+4. If fit() ends first, what was measured decides; later fits never search.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import keras
+
+from tf_glp.strategy import cost_model
+from tf_glp.strategy.chunking import Trial
+
+CPU_REASON = ("chunking cannot help here: the replicas are logical CPU devices that share the host's cores, "
+              "so the host's work has no idle device time to hide in (no measurement, no retrace)")
+
+
+def decide_without_measuring(strategy) -> bool:
+    """Makes the decision when no measurement is needed; True if made."""
+    chunking = strategy.chunking_state
+    if chunking.decided:
+        return True
+    if not strategy.uses_gpus():
+        chunking.decide(1, CPU_REASON)
+        return True
+    return False
+
+
+class ChunkingDecision(keras.callbacks.Callback):
+    """Decides chunking="auto" during the first steps of the first fit (see
+    the module docstring). Added to fit() by tf_glp.Strategy when needed.
+
+    Args:
+        strategy: The tf_glp.Strategy to decide for.
+        timed_steps: Steps timed per candidate, after one untimed step that
+            traces the train function.
+        min_gain: The smallest predicted relative gain worth one retrace.
+
+    Example:
+        >>> model.fit(x, y, callbacks=[ChunkingDecision(strategy, timed_steps=5)])
+    """
+
+    def __init__(self, strategy, timed_steps: int = 3, min_gain: float = 0.03):
+        super().__init__()
+        if timed_steps < 1:
+            raise ValueError(f"timed_steps must be >= 1, got {timed_steps}")
+        if not 0 <= min_gain < 1:
+            raise ValueError(f"min_gain must be in [0, 1), got {min_gain}")
+        self.strategy = strategy
+        self.timed_steps = timed_steps
+        self.min_gain = min_gain
+        self._phase: str | None = None  # "one", "candidate", or None when idle
+        self._times: list[float] = []
+        self._skip_next = True
+        self._start = 0.0
+        self._one_chunk_function = None
+        self._one_chunk_time = 0.0
+
+    @property
+    def _chunking(self):
+        return self.strategy.chunking_state
+
+    def on_train_begin(self, logs=None):
+        if decide_without_measuring(self.strategy):
+            return
+        sizes = [int(v.shape.num_elements() or 0) for v in self.model.trainable_variables]
+        workload = cost_model.gradient_workload(sizes, self.strategy.num_replicas_in_sync)
+        rates = self.strategy.host_rates()
+        self._chunking.start(workload, rates)
+        self._chunking.use(1)
+        self._chunking.record(Trial(1, cost_model.predict(workload, rates, 1)))
+        self._begin_phase("one")
+
+    def _begin_phase(self, phase: str) -> None:
+        self._phase, self._times, self._skip_next = phase, [], True
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._phase is None:
+            return
+        elapsed = time.perf_counter() - self._start
+        if self._skip_next:  # the step that traced the train function
+            self._skip_next = False
+            return
+        self._times.append(elapsed)
+        if len(self._times) < self.timed_steps:
+            return
+        measured = statistics.median(self._times)
+        if self._phase == "one":
+            self._after_one_chunk(measured)
+        else:
+            self._after_candidate(measured)
+
+    def _after_one_chunk(self, measured: float) -> None:
+        chunking = self._chunking
+        workload, rates = chunking.workload, chunking.rates
+        compute = cost_model.calibrate_compute(workload, rates, measured)
+        chunking.trials[0] = Trial(1, cost_model.predict(workload, rates, 1, compute), measured)
+        best = cost_model.best_chunk_count(workload, rates, len(self.model.trainable_variables), compute)
+        predicted = cost_model.predict(workload, rates, best, compute)
+        if best == 1 or predicted.step > measured * (1 - self.min_gain):
+            self._finish(1, f"the calibrated model predicts {best} chunk(s) at {predicted.step * 1e3:.2f} ms against "
+                            f"{measured * 1e3:.2f} ms measured for 1: under a {self.min_gain:.0%} gain, "
+                            f"not worth a retrace")
+            return
+        chunking.record(Trial(best, predicted))
+        self._one_chunk_time = measured
+        self._one_chunk_function = self.model.train_function
+        chunking.use(best)
+        self.model.make_train_function(force=True)
+        self._begin_phase("candidate")
+
+    def _after_candidate(self, measured: float) -> None:
+        trial = self._chunking.trials[-1]
+        trial.measured = measured
+        if measured < self._one_chunk_time:
+            self._finish(trial.chunks, f"measured {measured * 1e3:.2f} ms against {self._one_chunk_time * 1e3:.2f} ms "
+                                       f"for 1 chunk")
+        else:
+            self._back_to_one_chunk(f"{trial.chunks} chunks measured {measured * 1e3:.2f} ms, not faster than "
+                                    f"{self._one_chunk_time * 1e3:.2f} ms for 1")
+
+    def _back_to_one_chunk(self, reason: str) -> None:
+        # The one-chunk train function was kept aside: no second retrace.
+        self.model.train_function = self._one_chunk_function
+        self._finish(1, reason)
+
+    def _finish(self, chunks: int, reason: str) -> None:
+        self._chunking.decide(chunks, reason)
+        self._phase = None
+        self._one_chunk_function = None
+
+    def on_train_end(self, logs=None):
+        if self._phase == "one":
+            self._finish(1, "fit() ended before 1 chunk was timed; 1 chunk kept")
+        elif self._phase == "candidate":
+            self._back_to_one_chunk("fit() ended before the candidate was timed; back to 1 chunk")
