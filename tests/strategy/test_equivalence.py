@@ -88,3 +88,37 @@ def test_bitwise_reproducible_run_to_run(update):
     second = train(tf_glp.Strategy(_devices(2), update=update, chunking=2), "adam", 2)
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
+
+
+def _dataset_cases():
+    x, y = _data(2)
+    batch = BATCH_PER_REPLICA * 2
+    full = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+    partial = tf.data.Dataset.from_tensor_slices((x[:-6], y[:-6])).batch(batch)  # last batch of 26
+    repeated = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).repeat()
+    return {
+        "batched": (full, {}),
+        "partial_last_batch": (partial, {}),
+        "steps_per_epoch": (repeated, {"steps_per_epoch": 7, "epochs": 2}),
+    }
+
+
+@pytest.mark.parametrize("case", ["batched", "partial_last_batch", "steps_per_epoch"])
+@pytest.mark.parametrize("update", ["host", "replicas"])
+def test_tf_data_input_same_weights_as_mirrored_strategy(case, update):
+    def fit(strategy):
+        dataset, kwargs = _dataset_cases()[case]
+        keras.utils.set_random_seed(42)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, activation="relu"),
+                                      keras.layers.Dense(3)])
+            model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                          loss=keras.losses.BinaryCrossentropy(from_logits=True))
+        history = model.fit(dataset, verbose=0, **{"epochs": 1, **kwargs}).history
+        return history["loss"], [w.numpy() for w in model.weights]
+
+    reference_loss, reference = fit(mirrored(2))
+    loss, ours = fit(tf_glp.Strategy(_devices(2), update=update, chunking="none"))
+    np.testing.assert_allclose(loss, reference_loss, rtol=1e-5)
+    for a, b in zip(ours, reference):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
