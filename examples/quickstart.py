@@ -20,6 +20,7 @@ import tf_glp  # noqa: E402
 # Create the strategy first: on a machine without GPUs it sets up logical CPU
 # devices, which TensorFlow allows only before it runs its first op.
 strategy = tf_glp.Strategy()  # update="host", chunking="auto"
+keras.utils.set_random_seed(0)  # the same weights, batches and accuracy on every run
 print(f"tf_glp ops: {tf_glp.native_available()}")
 print(f"strategy: {type(strategy).__name__} over {strategy.num_replicas_in_sync} replicas "
       f"{strategy.extended.worker_devices}")
