@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
+from tf_glp import _keras_compat
 from tf_glp.ops.host_optimizers import host_apply_adam, host_apply_momentum, host_apply_sgd
 
 _FUSED_TYPES = (keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.AdamW)
@@ -105,14 +106,15 @@ class FusedKerasUpdate:
                 continue  # Keras skips variables without gradients too.
             if variable.constraint is not None:
                 raise ValueError(f"FusedKerasUpdate: variable {variable.path} has a constraint; use the optimizer's own update")
-            index = opt._get_variable_index(variable)
-            decay = opt.weight_decay if opt._use_weight_decay(variable) else None
+            index = _keras_compat.variable_index(opt, variable)
+            decay = opt.weight_decay if _keras_compat.uses_weight_decay(opt, variable) else None
             # A Keras variable's tf.Variable; a plain tf.Variable as it is
             # (its `.value` is a method).
             target = variable.value if isinstance(variable, keras.Variable) else variable
             if isinstance(opt, keras.optimizers.Adam):  # AdamW too
+                first_moment, second_moment = _keras_compat.adam_slots(opt, index)
                 host_apply_adam(
-                    target, opt._momentums[index].value, opt._velocities[index].value, grads,
+                    target, first_moment.value, second_moment.value, grads,
                     alpha, 1 - opt.beta_1, 1 - opt.beta_2, opt.epsilon,
                     weight_decay=decay, decay_learning_rate=lr)
             elif opt.momentum != 0:

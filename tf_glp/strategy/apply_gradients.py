@@ -21,8 +21,13 @@ from __future__ import annotations
 
 import keras
 import tensorflow as tf
-from keras.src.optimizers import base_optimizer
-from tensorflow.python.distribute import distribute_lib
+
+from tf_glp import _keras_compat
+
+
+def _tf_variable(variable):
+    """A Keras variable's tf.Variable; a tf.Variable as it is (its `.value` is a method)."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
 
 
 def _copies(value) -> tuple:
@@ -46,19 +51,18 @@ def apply_gradients(optimizer, grads, variables) -> None:
     if optimizer.gradient_accumulation_steps:
         apply_with_accumulation(optimizer, grads, variables)
     else:
-        grads = optimizer._clip_gradients(grads)  # noqa: SLF001
-        optimizer._apply_weight_decay(variables)  # noqa: SLF001
-        optimizer._backend_update_step(grads, variables, optimizer.learning_rate)  # noqa: SLF001
+        grads = _keras_compat.clip_gradients(optimizer, grads)
+        _keras_compat.apply_weight_decay(optimizer, variables)
+        _keras_compat.update_step(optimizer, grads, variables)
     if optimizer.use_ema:
-        optimizer._update_model_variables_moving_average(optimizer._trainable_variables)  # noqa: SLF001
+        _keras_compat.update_ema(optimizer)
         if optimizer.ema_overwrite_frequency:
             _overwrite_with_averages_every(optimizer, optimizer.ema_overwrite_frequency)
 
 
 def _overwrite_with_averages_every(optimizer, frequency: int) -> None:
-    variables = [v.value if isinstance(v, keras.Variable) else v for v in optimizer._trainable_variables]  # noqa: SLF001
-    averages = [a.value if isinstance(a, keras.Variable) else a
-                for a in optimizer._model_variables_moving_average]  # noqa: SLF001
+    variables = [_tf_variable(v) for v in _keras_compat.built_variables(optimizer)]
+    averages = [_tf_variable(a) for a in _keras_compat.ema_averages(optimizer)]
 
     def merge_fn(strategy):
         def overwrite():
@@ -76,15 +80,15 @@ def apply_with_accumulation(optimizer, grads, variables) -> None:
     """One step of `optimizer` with gradient accumulation (see the module
     docstring), from the replica context of a tf_glp.Strategy."""
     grads = list(grads)
-    accumulators = [optimizer._accumulated_gradients[optimizer._get_variable_index(v)].value for v in variables]  # noqa: SLF001
-    variables = [v.value if isinstance(v, keras.Variable) else v for v in variables]
+    accumulators = [_keras_compat.accumulator(optimizer, v).value for v in variables]
+    variables = [_tf_variable(v) for v in variables]
     steps = optimizer.gradient_accumulation_steps
 
     def merge_fn(strategy, grads):
         with strategy._reducing_gradients():
             summed = strategy.extended.batch_reduce_to(
                 tf.distribute.ReduceOp.SUM, [(g, v) for g, v in zip(grads, variables)])
-        is_update_step = (optimizer._iterations + 1) % steps == 0  # noqa: SLF001
+        is_update_step = (_keras_compat.step_counter(optimizer) + 1) % steps == 0
         learning_rate = optimizer.learning_rate
         per_copy = zip(*[_copies(v) for v in variables])
         for copy_index, var_copies in enumerate(per_copy):
@@ -95,7 +99,7 @@ def apply_with_accumulation(optimizer, grads, variables) -> None:
             # ParameterServerStrategyExtended._update).
             device = var_copies[0].device
             replicated = isinstance(variables[0], tf.distribute.DistributedValues)
-            with tf.device(device), distribute_lib.UpdateContext(copy_index if replicated else device):
+            with tf.device(device), _keras_compat.update_context(copy_index if replicated else device):
                 _accumulate_or_update(optimizer, grad_copies, list(var_copies), acc_copies,
                                       is_update_step, steps, learning_rate)
 
@@ -105,9 +109,8 @@ def apply_with_accumulation(optimizer, grads, variables) -> None:
 def _accumulate_or_update(optimizer, grads, variables, accumulators, is_update_step, steps, learning_rate):
     def update():
         new_grads = [(g + a) / steps for g, a in zip(grads, accumulators)]
-        new_grads = optimizer._clip_gradients(new_grads)  # noqa: SLF001
-        # Keras' backend-neutral weight decay: plain assigns on this copy.
-        base_optimizer.BaseOptimizer._apply_weight_decay(optimizer, variables)  # noqa: SLF001
+        new_grads = _keras_compat.clip_gradients(optimizer, new_grads)
+        _keras_compat.apply_weight_decay_to_copy(optimizer, variables)
         for g, v in zip(new_grads, variables):
             optimizer.update_step(g, v, learning_rate)
         for a in accumulators:

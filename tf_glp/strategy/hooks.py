@@ -20,9 +20,9 @@ a tf_glp.Strategy:
 - TensorFlowTrainer.fit: refuses a global batch that does not divide by the
   replica count, and decides chunking="auto" (chunking_decision.py).
 
-They are installed once, when the first tf_glp.Strategy is created. If Keras
-changes these private methods, install() warns and tf_glp.Strategy falls
-back to Keras' own update (still with the native host reduction).
+They are installed once, when the first tf_glp.Strategy is created, after
+_keras_compat.require_internals() has checked that the installed Keras still
+has every method they wrap (it raises, naming what changed, if not).
 """
 
 from __future__ import annotations
@@ -30,10 +30,16 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-import warnings
+
+from tf_glp import _keras_compat
 
 _installed = False
 _lock = threading.Lock()
+
+_TF_OPTIMIZER = ("keras.src.backend.tensorflow.optimizer", "TFOptimizer")
+_LOSS_SCALE_OPTIMIZER = ("keras.src.optimizers.loss_scale_optimizer", "LossScaleOptimizer")
+_TRAINER = ("keras.src.trainers.trainer", "Trainer")
+_TF_TRAINER = ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer")
 
 
 def _glp_strategy(obj):
@@ -58,12 +64,18 @@ def install() -> None:
     with _lock:
         if _installed:
             return
-        _installed = True
+        _keras_compat.require_internals()
         _install_optimizer_hooks()
+        _install_loss_scale_hook()
         _install_model_hooks()
+        _installed = True
 
 
-_OPTIMIZER_METHODS = ("_backend_update_step", "_apply_weight_decay", "_backend_apply_gradients")
+def _wrap(owner: tuple[str, str], name: str, make_wrapper) -> None:
+    """Replaces owner.name by make_wrapper(original), keeping its metadata."""
+    cls = _keras_compat.keras_class(*owner)
+    original = getattr(cls, name)
+    setattr(cls, name, functools.wraps(original)(make_wrapper(original)))
 
 
 def _install_optimizer_hooks() -> None:
@@ -71,111 +83,93 @@ def _install_optimizer_hooks() -> None:
 
     from tf_glp.strategy.apply_gradients import apply_gradients, needs_own_apply  # noqa: PLC0415
 
-    try:
-        from keras.src.backend.tensorflow.optimizer import TFOptimizer  # noqa: PLC0415
-    except ImportError:
-        TFOptimizer = None  # noqa: N806
-    if TFOptimizer is None or not all(hasattr(TFOptimizer, m) for m in _OPTIMIZER_METHODS):
-        warnings.warn("tf_glp: this Keras version has no TFOptimizer._backend_update_step; "
-                      "tf_glp.Strategy uses Keras' own optimizer update (no fused host update).", stacklevel=3)
-        return
-    original_update = TFOptimizer._backend_update_step
-    original_decay = TFOptimizer._apply_weight_decay
-    original_apply_gradients = TFOptimizer._backend_apply_gradients
+    def backend_update_step(original):
+        def _backend_update_step(self, grads, trainable_variables, learning_rate):
+            strategy = _glp_strategy(self)
+            if strategy is None:
+                return original(self, grads, trainable_variables, learning_rate)
+            if strategy._apply_update(self, grads, trainable_variables):
+                return None
+            with strategy._reducing_gradients():  # Keras' all-reduce of the gradients
+                return original(self, grads, trainable_variables, learning_rate)
+        return _backend_update_step
 
-    @functools.wraps(original_update)
-    def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        strategy = _glp_strategy(self)
-        if strategy is None:
-            return original_update(self, grads, trainable_variables, learning_rate)
-        if strategy._apply_update(self, grads, trainable_variables):
-            return None
-        with strategy._reducing_gradients():  # Keras' all-reduce of the gradients
-            return original_update(self, grads, trainable_variables, learning_rate)
+    def apply_weight_decay(original):
+        def _apply_weight_decay(self, variables):
+            strategy = _glp_strategy(self)
+            if strategy is not None and strategy._fuses_update(self, variables):
+                return None  # the fused update applies it, with the same learning rate
+            return original(self, variables)
+        return _apply_weight_decay
 
-    @functools.wraps(original_decay)
-    def _apply_weight_decay(self, variables):
-        strategy = _glp_strategy(self)
-        if strategy is not None and strategy._fuses_update(self, variables):
-            return None  # the fused update applies it, with the same learning rate
-        return original_decay(self, variables)
+    def backend_apply_gradients(original):
+        def _backend_apply_gradients(self, grads, trainable_variables):
+            strategy = _glp_strategy(self)
+            if strategy is None or not needs_own_apply(self) or tf.distribute.get_replica_context() is None:
+                return original(self, grads, trainable_variables)
+            return apply_gradients(self, grads, trainable_variables)
+        return _backend_apply_gradients
 
-    @functools.wraps(original_apply_gradients)
-    def _backend_apply_gradients(self, grads, trainable_variables):
-        strategy = _glp_strategy(self)
-        if strategy is None or not needs_own_apply(self) or tf.distribute.get_replica_context() is None:
-            return original_apply_gradients(self, grads, trainable_variables)
-        return apply_gradients(self, grads, trainable_variables)
-
-    TFOptimizer._backend_update_step = _backend_update_step
-    TFOptimizer._backend_apply_gradients = _backend_apply_gradients
-    TFOptimizer._apply_weight_decay = _apply_weight_decay
-    _install_loss_scale_hook()
+    _wrap(_TF_OPTIMIZER, "_backend_update_step", backend_update_step)
+    _wrap(_TF_OPTIMIZER, "_apply_weight_decay", apply_weight_decay)
+    _wrap(_TF_OPTIMIZER, "_backend_apply_gradients", backend_apply_gradients)
 
 
 def _install_loss_scale_hook() -> None:
     import tensorflow as tf  # noqa: PLC0415
-    from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer  # noqa: PLC0415
 
-    if not hasattr(LossScaleOptimizer, "_tf_apply"):
-        warnings.warn("tf_glp: this Keras version has no LossScaleOptimizer._tf_apply; under update='host' "
-                      "loss scaling runs Keras' own way (finiteness of the first replica's gradients).",
-                      stacklevel=4)
-        return
-    original_tf_apply = LossScaleOptimizer._tf_apply
+    def tf_apply(original):
+        def _tf_apply(self, grads, trainable_variables=None):
+            strategy = _glp_strategy(self)
+            variables = trainable_variables if trainable_variables is not None else \
+                _keras_compat.built_variables(self)
+            if (strategy is not None and tf.distribute.get_replica_context() is not None
+                    and strategy._apply_loss_scaled_update(self, grads, variables)):
+                return None
+            return original(self, grads, trainable_variables)
+        return _tf_apply
 
-    @functools.wraps(original_tf_apply)
-    def _tf_apply(self, grads, trainable_variables=None):
-        strategy = _glp_strategy(self)
-        variables = trainable_variables if trainable_variables is not None else self._trainable_variables
-        if (strategy is not None and tf.distribute.get_replica_context() is not None
-                and strategy._apply_loss_scaled_update(self, grads, variables)):
-            return None
-        return original_tf_apply(self, grads, trainable_variables)
-
-    LossScaleOptimizer._tf_apply = _tf_apply
+    _wrap(_LOSS_SCALE_OPTIMIZER, "_tf_apply", tf_apply)
 
 
 def _install_model_hooks() -> None:
     from tf_glp.strategy import chunking_decision  # noqa: PLC0415
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer  # noqa: PLC0415
-    from keras.src.trainers.trainer import Trainer  # noqa: PLC0415
 
-    original_compile = Trainer.compile
-    original_fit = TensorFlowTrainer.fit
-    compile_signature = inspect.signature(original_compile)
-    fit_signature = inspect.signature(original_fit)
+    compile_signature = inspect.signature(_keras_compat.keras_class(*_TRAINER).compile)
+    fit_signature = inspect.signature(_keras_compat.keras_class(*_TF_TRAINER).fit)
 
-    @functools.wraps(original_compile)
-    def compile(self, *args, **kwargs):  # noqa: A001 (Keras' name)
-        if _glp_strategy(self) is not None:
+    def compile_wrapper(original):
+        # Patched on Keras' Trainer itself: Keras treats a Model whose compile
+        # differs from Trainer.compile as custom and skips compile on load.
+        def compile(self, *args, **kwargs):  # noqa: A001 (Keras' name)
+            if _glp_strategy(self) is None:
+                return original(self, *args, **kwargs)
             bound = compile_signature.bind(self, *args, **kwargs)
-            jit = bound.arguments.get("jit_compile", "auto")
-            if jit is True:
+            if bound.arguments.get("jit_compile", "auto") is True:
                 raise ValueError(
                     "tf_glp.Strategy does not support jit_compile=True: its host aggregation runs as native "
                     "host ops outside XLA. Compile with jit_compile=False (or leave the default).")
             bound.arguments["jit_compile"] = False
-            result = original_compile(*bound.args, **bound.kwargs)
-            return result
-        return original_compile(self, *args, **kwargs)
+            return original(*bound.args, **bound.kwargs)
+        return compile
 
-    @functools.wraps(original_fit)
-    def fit(self, *args, **kwargs):
-        strategy = _glp_strategy(self)
-        if strategy is not None:
+    def fit_wrapper(original):
+        def fit(self, *args, **kwargs):
+            strategy = _glp_strategy(self)
+            if strategy is None:
+                return original(self, *args, **kwargs)
             bound = fit_signature.bind(self, *args, **kwargs)
             _check_global_batch(bound.arguments, strategy.num_replicas_in_sync)
-        if strategy is not None and not chunking_decision.decide_without_measuring(strategy):
-            callbacks = list(bound.arguments.get("callbacks") or [])
-            if not any(isinstance(c, chunking_decision.ChunkingDecision) for c in callbacks):
-                callbacks.append(chunking_decision.ChunkingDecision(strategy))
-            bound.arguments["callbacks"] = callbacks
-            return original_fit(*bound.args, **bound.kwargs)
-        return original_fit(self, *args, **kwargs)
+            if not chunking_decision.decide_without_measuring(strategy):
+                callbacks = list(bound.arguments.get("callbacks") or [])
+                if not any(isinstance(c, chunking_decision.ChunkingDecision) for c in callbacks):
+                    callbacks.append(chunking_decision.ChunkingDecision(strategy))
+                bound.arguments["callbacks"] = callbacks
+            return original(*bound.args, **bound.kwargs)
+        return fit
 
-    Trainer.compile = compile
-    TensorFlowTrainer.fit = fit
+    _wrap(_TRAINER, "compile", compile_wrapper)
+    _wrap(_TF_TRAINER, "fit", fit_wrapper)
 
 
 def _check_global_batch(arguments: dict, replicas: int) -> None:
@@ -186,7 +180,7 @@ def _check_global_batch(arguments: dict, replicas: int) -> None:
     x = arguments.get("x")
     batch = arguments.get("batch_size")
     if isinstance(x, tf.data.Dataset):
-        batch = _dataset_batch_size(x)
+        batch = _keras_compat.dataset_batch_size(x)
     elif batch is None and (hasattr(x, "shape") or isinstance(x, (list, tuple, dict))):
         batch = 32  # Keras' default batch size for arrays
     if batch and batch % replicas:
@@ -194,21 +188,3 @@ def _check_global_batch(arguments: dict, replicas: int) -> None:
             f"tf_glp.Strategy: the global batch size {batch} does not divide by the {replicas} replicas, "
             f"so replicas would get unequal shares and Keras would weight samples unequally. "
             f"Use a multiple of {replicas}, e.g. {replicas * max(1, round(batch / replicas))}.")
-
-
-def _dataset_batch_size(dataset) -> int | None:
-    """The static batch size of a batched tf.data.Dataset, if it has one."""
-    spec = dataset.element_spec
-    first = spec
-    while isinstance(first, (tuple, list)):
-        first = first[0] if first else None
-    if isinstance(first, dict):
-        first = next(iter(first.values()), None)
-    shape = getattr(first, "shape", None)
-    if shape is not None and shape.rank and shape[0] is not None:
-        return int(shape[0])
-    size = getattr(dataset, "_batch_size", None)  # BatchDataset keeps it even with a partial last batch
-    try:
-        return int(size) if size is not None else None
-    except TypeError:
-        return None

@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 
 import tensorflow as tf
-from tensorflow.python.distribute import distribute_utils, mirrored_strategy, ps_values
+from tensorflow.python.distribute import distribute_utils, mirrored_strategy
 from tensorflow.python.distribute import parameter_server_strategy
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.ops import array_ops
@@ -68,14 +68,6 @@ def variable_home(kwargs: dict) -> Home:
     if not trainable and aggregation == _AGGREGATION.NONE:
         return Home.REPLICAS
     return Home.HOST
-
-
-def is_host_variable(variable) -> bool:
-    """True for a variable that update="host" keeps as one host copy."""
-    if isinstance(variable, ps_values.AggregatingVariable):
-        return True
-    container = getattr(variable, "_aggregating_container", None)
-    return container is not None and container() is not None
 
 
 class HostExtended(parameter_server_strategy.ParameterServerStrategyExtended):

@@ -35,10 +35,11 @@ import time
 
 import tensorflow as tf
 
+from tf_glp import _keras_compat
 from tf_glp.ops import FusedKerasUpdate, host_reduce, supports_fused_update
 from tf_glp.strategy import chunking as chunking_lib
 from tf_glp.strategy import cost_model, devices as devices_lib, hooks, loss_scaling
-from tf_glp.strategy.host_extended import HostExtended, is_host_variable
+from tf_glp.strategy.host_extended import HostExtended
 from tf_glp.strategy.cross_device_ops import (
     COMPRESSION_DTYPES,
     HostCrossDeviceOps,
@@ -170,9 +171,7 @@ class Strategy(tf.distribute.Strategy):
 
 
 def _check_not_xla() -> None:
-    from tensorflow.python.ops import control_flow_util  # noqa: PLC0415 (private, used for one check)
-
-    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+    if _keras_compat.in_xla_context():
         raise ValueError(
             "tf_glp.Strategy does not support jit_compile=True: its host aggregation runs as native "
             "host ops outside XLA. Compile the model with jit_compile=False.")
@@ -188,7 +187,7 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
         # The supported hook for reductions (used for metrics, losses and
         # optimizers without a fused update).
         self._host_ops = HostCrossDeviceOps(HOST_DEVICE, compression, self.chunking_state.plan)
-        self.extended._cross_device_ops = self._host_ops
+        _keras_compat.set_cross_device_ops(self.extended, self._host_ops)
 
     def _fuses_update(self, optimizer, variables) -> bool:
         if not supports_fused_update(optimizer, update_step_only=True)[0]:
