@@ -31,7 +31,11 @@ import functools
 import inspect
 import threading
 
+import tensorflow as tf
+
 from tf_glp import _keras_compat
+from tf_glp.strategy import chunking_decision
+from tf_glp.strategy.apply_gradients import apply_gradients, needs_own_apply
 
 _installed = False
 _lock = threading.Lock()
@@ -50,8 +54,6 @@ def _glp_strategy(obj):
     scope) remembers the default strategy, yet runs its step inside the
     tf_glp.Strategy's replicas: then the current strategy decides.
     """
-    import tensorflow as tf  # noqa: PLC0415
-
     strategy = getattr(obj, "_distribution_strategy", None) or getattr(obj, "_distribute_strategy", None)
     if getattr(strategy, "_is_tf_glp_strategy", False):
         return strategy
@@ -79,10 +81,6 @@ def _wrap(owner: tuple[str, str], name: str, make_wrapper) -> None:
 
 
 def _install_optimizer_hooks() -> None:
-    import tensorflow as tf  # noqa: PLC0415
-
-    from tf_glp.strategy.apply_gradients import apply_gradients, needs_own_apply  # noqa: PLC0415
-
     def backend_update_step(original):
         def _backend_update_step(self, grads, trainable_variables, learning_rate):
             strategy = _glp_strategy(self)
@@ -116,8 +114,6 @@ def _install_optimizer_hooks() -> None:
 
 
 def _install_loss_scale_hook() -> None:
-    import tensorflow as tf  # noqa: PLC0415
-
     def tf_apply(original):
         def _tf_apply(self, grads, trainable_variables=None):
             strategy = _glp_strategy(self)
@@ -133,8 +129,6 @@ def _install_loss_scale_hook() -> None:
 
 
 def _install_model_hooks() -> None:
-    from tf_glp.strategy import chunking_decision  # noqa: PLC0415
-
     compile_signature = inspect.signature(_keras_compat.keras_class(*_TRAINER).compile)
     fit_signature = inspect.signature(_keras_compat.keras_class(*_TF_TRAINER).fit)
 
@@ -175,8 +169,6 @@ def _install_model_hooks() -> None:
 def _check_global_batch(arguments: dict, replicas: int) -> None:
     """Each replica must get the same share of every full batch: otherwise
     Keras' per-replica loss scaling weights samples unequally."""
-    import tensorflow as tf  # noqa: PLC0415
-
     x = arguments.get("x")
     batch = arguments.get("batch_size")
     if isinstance(x, tf.data.Dataset):

@@ -41,7 +41,6 @@ from tf_glp.strategy import chunking as chunking_lib
 from tf_glp.strategy import cost_model, devices as devices_lib, hooks, loss_scaling
 from tf_glp.strategy.host_extended import HostExtended
 from tf_glp.strategy.cross_device_ops import (
-    COMPRESSION_DTYPES,
     HostCrossDeviceOps,
     byte_sizes,
     compress,
@@ -104,9 +103,10 @@ class Strategy(tf.distribute.Strategy):
     _is_tf_glp_strategy = True
 
     def _glp_setup(self, devices, update, chunking, compression, cpu_replicas) -> list[str]:
-        chunking_state = chunking_lib.Chunking(chunking)  # validates the setting
-        if compression not in COMPRESSION_DTYPES:
-            raise ValueError(f"compression must be None, 'bf16' or 'fp16', got {compression!r}")
+        # Each setting is validated and kept by its owner: the chunk plan and
+        # the host reductions (which compress).
+        chunking_state = chunking_lib.Chunking(chunking)
+        host_ops = HostCrossDeviceOps(HOST_DEVICE, compression, chunking_state.plan)
         if devices is None:
             devices = devices_lib.default_devices(cpu_replicas)
         elif cpu_replicas is not None:
@@ -115,8 +115,8 @@ class Strategy(tf.distribute.Strategy):
         if not devices:
             raise ValueError("devices must not be empty")
         self.update = update
-        self.compression = compression
         self.chunking_state = chunking_state
+        self._host_ops = host_ops
         self._rates: cost_model.HostRates | None = None
         hooks.install()
         return devices
@@ -125,6 +125,11 @@ class Strategy(tf.distribute.Strategy):
     def chunking(self):
         """The chunking setting ("auto", "none", a count or a byte size)."""
         return self.chunking_state.setting
+
+    @property
+    def compression(self) -> str | None:
+        """None, "bf16" or "fp16" (see the class docstring)."""
+        return self._host_ops.compression
 
     # -- cost model -------------------------------------------------------
     def host_rates(self) -> cost_model.HostRates:
@@ -184,9 +189,7 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
         devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
         # CentralStorageStrategy with per-variable homes (host_extended.py).
         tf.distribute.Strategy.__init__(self, HostExtended(self, devices, HOST_DEVICE))
-        # The supported hook for reductions (used for metrics, losses and
-        # optimizers without a fused update).
-        self._host_ops = HostCrossDeviceOps(HOST_DEVICE, compression, self.chunking_state.plan)
+        # The host reductions (metrics, losses, optimizers without a fused update).
         _keras_compat.set_cross_device_ops(self.extended, self._host_ops)
 
     def _fuses_update(self, optimizer, variables) -> bool:
@@ -274,7 +277,6 @@ class ReplicaStrategy(Strategy, tf.distribute.MirroredStrategy):
 
     def __init__(self, devices=None, *, update: str = "replicas", chunking="auto", compression=None, cpu_replicas=None):
         devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
-        self._host_ops = HostCrossDeviceOps(HOST_DEVICE, compression, self.chunking_state.plan)
         tf.distribute.MirroredStrategy.__init__(self, devices=devices, cross_device_ops=self._host_ops)
 
 
