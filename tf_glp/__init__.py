@@ -3,6 +3,8 @@
 - `tf_glp.ops`: host-engine ops (host_reduce, fused host optimizer updates),
   native C++ with pure-TensorFlow fallbacks.
 - `tf_glp.native_available()`: which implementation is in use, and why.
+- `tf_glp.callbacks.ConcurrencyProfiler`, `tf_glp.profile`, `tf_glp.plan`:
+  the start-up profiler and its per-layer concurrency plan.
 
 `import tf_glp` is cheap: TensorFlow and the native library are loaded on
 first use of a submodule that needs them.
@@ -21,9 +23,10 @@ from typing import Any
 from tf_glp._native import NativeStatus, native_available
 
 __version__ = "0.1.0"
-__all__ = ["NativeStatus", "Strategy", "layers", "native_available", "ops", "strategy"]
+__all__ = ["NativeStatus", "Strategy", "callbacks", "layers", "native_available", "ops", "plan", "profile",
+           "strategy"]
 
-_LAZY_SUBMODULES = {"layers", "ops", "strategy"}
+_LAZY_SUBMODULES = {"callbacks", "layers", "ops", "plan", "strategy"}
 
 
 def __getattr__(name: str) -> Any:
@@ -32,6 +35,11 @@ def __getattr__(name: str) -> Any:
 
         globals()["Strategy"] = Strategy
         return Strategy
+    if name == "profile":
+        from tf_glp.profiling.profiler import profile  # noqa: PLC0415 (lazy: imports TensorFlow)
+
+        globals()["profile"] = profile
+        return profile
     if name in _LAZY_SUBMODULES:
         module = importlib.import_module(f"tf_glp.{name}")
         globals()[name] = module

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tf_glp.ops.concurrent import check_concurrency, concurrent_conv2d, concurrent_matmul
 
-__all__ = ["Conv2D", "Dense", "convert"]
+__all__ = ["Conv2D", "Dense", "as_glp_layer", "convert", "is_eligible", "strip"]
 
 
 def _checked(concurrency: int | None, layer: str) -> int | None:
@@ -133,13 +133,52 @@ class Dense(keras.layers.Dense):
 
 
 _TWINS = {keras.layers.Conv2D: Conv2D, keras.layers.Dense: Dense}
+_PLAIN = {glp: plain for plain, glp in _TWINS.items()}
+
+
+def is_eligible(layer: keras.layers.Layer, include_keras_layers: bool = True) -> bool:
+    """Whether the concurrent ops can run `layer`: a tf_glp Conv2D / Dense,
+    or (include_keras_layers) a plain keras.layers.Conv2D / Dense, that is
+    built, float32, channels_last, ungrouped, without LoRA or quantization."""
+    kind = type(layer)
+    if kind not in _PLAIN and not (include_keras_layers and kind in _TWINS):
+        return False
+    if not layer.built or layer.compute_dtype != "float32" or getattr(layer, "lora_enabled", False):
+        return False
+    if isinstance(layer, keras.layers.Conv2D):
+        return layer.data_format == "channels_last" and layer.groups == 1
+    return not getattr(layer, "quantization_mode", None)
+
+
+def as_glp_layer(layer: keras.layers.Layer, concurrency: int | None) -> keras.layers.Layer:
+    """Sets a Conv2D / Dense layer's concurrency in place.
+
+    A plain keras.layers.Conv2D / Dense becomes its tf_glp twin by changing
+    its class: the twin adds only `concurrency` and the call path that reads
+    it, so the object, its variables and every reference to it (a model that
+    fit() is already training) stay the same. `concurrency=None` gives
+    TensorFlow's own kernel; the class stays tf_glp's (see strip()).
+
+    Returns:
+        The layer.
+    """
+    kind = type(layer)
+    if kind in _TWINS:
+        layer.__class__ = _TWINS[kind]
+    elif kind not in _PLAIN:
+        raise ValueError(f"tf_glp.layers.as_glp_layer: needs a Conv2D or Dense layer, got {kind.__name__}")
+    layer.concurrency = _checked(concurrency, f"tf_glp.layers.as_glp_layer (layer {layer.name!r})")
+    return layer
 
 
 def _twin(layer: keras.layers.Layer, concurrency: int | None) -> keras.layers.Layer:
     """A GLP layer with the layer's config that uses the layer's variables."""
     config = layer.get_config()
     config["concurrency"] = concurrency
-    twin = _TWINS[type(layer)].from_config(config)
+    return _sharing_variables(layer, _TWINS[type(layer)].from_config(config))
+
+
+def _sharing_variables(layer: keras.layers.Layer, twin: keras.layers.Layer) -> keras.layers.Layer:
     if layer.built:
         # Share, not copy: the twin trains the original's variables. Setting
         # them as attributes tracks them in the same order as build() would.
@@ -150,6 +189,29 @@ def _twin(layer: keras.layers.Layer, concurrency: int | None) -> keras.layers.La
             twin._build_shapes_dict = layer._build_shapes_dict
         twin.built = True
     return twin
+
+
+def _plain_twin(layer: keras.layers.Layer) -> keras.layers.Layer:
+    """The plain Keras layer with the layer's config and variables."""
+    config = layer.get_config()
+    config.pop("concurrency", None)
+    return _sharing_variables(layer, _PLAIN[type(layer)].from_config(config))
+
+
+def strip(model: keras.Model) -> keras.Model:
+    """The model with every tf_glp layer swapped back for its plain Keras
+    layer, sharing the variables: save it for a machine without tf_glp.
+
+    Example:
+        >>> tf_glp.layers.strip(model).save("model.keras")  # loads with Keras alone
+    """
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"tf_glp.layers.strip: needs a functional or Sequential Keras model, got {type(model).__name__}")
+    try:
+        return keras.models.clone_model(model, clone_function=lambda layer: _plain_twin(layer)
+                                        if type(layer) in _PLAIN else layer)
+    except ValueError as error:
+        raise ValueError(f"tf_glp.layers.strip: cannot strip {type(model).__name__}: {error}") from error
 
 
 def convert(

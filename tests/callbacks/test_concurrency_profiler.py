@@ -1,0 +1,193 @@
+"""ConcurrencyProfiler in existing scripts: it changes nothing training
+computes, reuses matching plans, re-profiles others (never crashing on a
+broken file), works for Sequential and functional models with and without
+tf_glp.Strategy, writes TensorBoard summaries, and strips for deployment."""
+
+import json
+import os
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_glp
+from tf_glp import plan as plan_lib
+from tf_glp.callbacks import ConcurrencyProfiler
+from tf_glp.profiling import profiler
+
+L = keras.layers
+
+
+def _data(n=128):
+    rng = np.random.default_rng(0)
+    return rng.random((n, 8, 8, 1), dtype=np.float32), rng.integers(0, 10, n)
+
+
+def _sequential():
+    return keras.Sequential([keras.Input((8, 8, 1)), L.Conv2D(4, 3, activation="relu", name="conv"),
+                             L.Dropout(0.3), L.Flatten(), L.Dense(16, activation="relu", name="hidden"),
+                             L.Dense(10, name="logits")])
+
+
+def _functional():
+    inputs = keras.Input((8, 8, 1))
+    a = L.Conv2D(4, 3, padding="same", name="conv_a")(inputs)
+    b = L.Conv2D(4, 1, name="conv_b")(inputs)
+    h = L.Flatten()(L.Add()([a, b]))
+    return keras.Model(inputs, L.Dense(10, name="logits")(L.Dropout(0.2)(h)))
+
+
+def _train(build, callbacks, strategy=None, epochs=2):
+    x, y = _data()
+    keras.utils.set_random_seed(3)
+    strategy = strategy or tf.distribute.get_strategy()
+    with strategy.scope():
+        model = build()
+        model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(x, y, batch_size=32, epochs=epochs, verbose=0, callbacks=callbacks)
+    return model, history.history["loss"]
+
+
+def _forced(monkeypatch, choice):
+    """Makes every layer's choice `choice`, whatever the timings say (the
+    invariance tests must exercise the concurrent kernels)."""
+    monkeypatch.setattr(profiler, "choose", lambda candidates: (choice, "forced by the test"))
+
+
+@pytest.mark.parametrize("build", [_sequential, _functional])
+def test_changes_nothing_training_computes(build, tmp_path, monkeypatch):
+    _forced(monkeypatch, 2)
+    path = str(tmp_path / "plan.json")
+    profiled, profiled_loss = _train(build, [ConcurrencyProfiler(trials=1, plan_path=path, verbose=0, batch_size=32)])
+    assert {getattr(layer, "concurrency", "plain") for layer in profiler.eligible_layers(profiled, True)} == {2}
+    calls = []
+    monkeypatch.setattr(profiler, "profile_layers", lambda *a, **k: calls.append(1))
+    reused_callback = ConcurrencyProfiler(trials=1, plan_path=path, verbose=0, batch_size=32)
+    reused, reused_loss = _train(build, [reused_callback])
+    assert reused_callback.reused and not calls
+    # Bitwise: profiling touched no weight, optimizer state, RNG (Dropout) or counter.
+    assert profiled_loss == reused_loss
+    for a, b in zip(profiled.weights + profiled.optimizer.variables, reused.weights + reused.optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    # And plain Keras, to the concurrent layers' tolerance.
+    plain, plain_loss = _train(build, [])
+    np.testing.assert_allclose(profiled_loss, plain_loss, rtol=1e-5)
+    for a, b in zip(profiled.weights, plain.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_plan_file_and_choice_never_slower_than_native(tmp_path):
+    path = str(tmp_path / "plan.json")
+    callback = ConcurrencyProfiler(trials=3, plan_path=path, verbose=0, batch_size=32)
+    _train(_sequential, [callback], epochs=1)
+    plan = plan_lib.read(path)
+    assert plan.header["batch_size"] == 32 and plan.header["tensorflow"] == tf.__version__
+    assert [layer.name for layer in plan.layers] == ["conv", "hidden", "logits"]
+    for layer in plan.layers:
+        assert layer.candidates[0].concurrency is None  # native always timed
+        assert all(c.concurrency is None or c.concurrency <= layer.cap for c in layer.candidates)
+        chosen, native = layer.candidate(layer.choice), layer.candidate(None)
+        if layer.choice is not None:  # a lane count only when it measured faster than native
+            assert chosen.median_ms < native.median_ms
+
+
+def test_mismatched_and_broken_plans_are_reprofiled(tmp_path):
+    path = str(tmp_path / "plan.json")
+    _train(_sequential, [ConcurrencyProfiler(trials=1, plan_path=path, verbose=0, batch_size=32)], epochs=1)
+    for breakage, message in ((lambda d: d["header"].update(batch_size=64), "batch_size"),
+                              (lambda d: d["header"].update(device="NVIDIA H200"), "device"),
+                              (lambda d: d["header"].update(tensorflow="2.20.0"), "tensorflow"),
+                              (lambda d: d["layers"][0].update(input_shape=[32, 9, 9, 1]), "input shapes"),
+                              (lambda d: d["layers"][0].pop("candidates"), "not a tf_glp plan"),
+                              (None, "not valid JSON")):
+        data = json.load(open(path))
+        if breakage is None:
+            open(path, "w").write(json.dumps(data)[:40])
+        else:
+            breakage(data)
+            json.dump(data, open(path, "w"))
+        callback = ConcurrencyProfiler(trials=1, plan_path=path, verbose=0, batch_size=32)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _train(_sequential, [callback], epochs=1)
+        assert not callback.reused
+        assert any(message in str(w.message) for w in caught), (message, [str(w.message) for w in caught])
+        assert plan_lib.read(path).header["batch_size"] == 32  # rewritten, whole
+
+
+@pytest.mark.parametrize("update", ["host", "replicas"])
+def test_with_tf_glp_strategy(update, tmp_path, monkeypatch):
+    _forced(monkeypatch, 2)
+    strategy = tf_glp.Strategy(["/cpu:0", "/cpu:1"], update=update, chunking="none")
+    callback = ConcurrencyProfiler(trials=1, plan_path=None, verbose=0, batch_size=32)
+    model, loss = _train(_functional, [callback], strategy=strategy)
+    assert callback.plan.layers[0].input_shape[0] == 16  # each replica's share
+    assert "chunks in use" in plan_lib.table(callback.plan)  # the Strategy's decision, in the same table
+    reference, reference_loss = _train(_functional, [], strategy=tf.distribute.MirroredStrategy(
+        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
+    np.testing.assert_allclose(loss, reference_loss, rtol=1e-5)
+
+
+def test_hand_converted_model_and_convert_false(monkeypatch):
+    _forced(monkeypatch, 2)
+    x, y = _data()
+    model = _sequential()
+    hand = tf_glp.layers.convert(model, concurrency={"hidden": 1})
+    hand.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callback = ConcurrencyProfiler(trials=1, plan_path=None, verbose=0, convert=False)
+    hand.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[callback])
+    assert [layer.name for layer in callback.plan.layers] == ["hidden"]  # only the tf_glp layer
+    assert hand.get_layer("hidden").concurrency == 2
+    assert type(hand.get_layer("conv")) is keras.layers.Conv2D
+
+
+def test_tensorboard_summaries(tmp_path):
+    log_dir = str(tmp_path / "logs")
+    _train(_sequential, [ConcurrencyProfiler(trials=1, plan_path=None, verbose=0, log_dir=log_dir)], epochs=1)
+    tags = {}
+    for name in os.listdir(log_dir):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(log_dir, name)):
+            for value in event.summary.value:
+                tags[value.tag] = value
+    assert {"tf_glp/concurrency_plan", "tf_glp/concurrency_chart", "tf_glp/concurrency/conv",
+            "tf_glp/concurrency/hidden", "tf_glp/concurrency/logits"} <= set(tags)
+    text = tf.make_ndarray(tags["tf_glp/concurrency_plan"].tensor).item().decode()
+    assert "native ms" in text and "conv" in text
+
+
+def test_profile_leaves_the_model_alone_and_strip_deploys(tmp_path):
+    x, _ = _data(32)
+    model = _sequential()
+    plan = tf_glp.profile(model, x, trials=1)
+    assert [layer.name for layer in plan.layers] == ["conv", "hidden", "logits"]
+    assert all(type(layer).__module__.startswith("keras") for layer in model.layers)
+    # Converted in place, then stripped: plain Keras layers, same variables.
+    for layer in profiler.eligible_layers(model, True):
+        tf_glp.layers.as_glp_layer(layer, 2)
+    assert type(model.get_layer("conv")) is tf_glp.layers.Conv2D
+    plain = tf_glp.layers.strip(model)
+    assert plain.get_layer("conv").kernel is model.get_layer("conv").kernel
+    path = str(tmp_path / "plain.keras")
+    plain.save(path)
+    config = json.dumps(plain.get_config())
+    assert "tf_glp" not in config and "concurrency" not in config
+    np.testing.assert_allclose(keras.models.load_model(path).predict(x, verbose=0), model.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_strip_path_at_train_end(tmp_path):
+    path = str(tmp_path / "deploy.keras")
+    _train(_sequential, [ConcurrencyProfiler(trials=1, plan_path=None, verbose=0, strip_path=path)], epochs=1)
+    assert "tf_glp" not in json.dumps(keras.models.load_model(path).get_config())
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="candidates must be 'auto' or a list"):
+        ConcurrencyProfiler(candidates=[0])
+    with pytest.raises(ValueError, match="trials must be >= 1, got 0"):
+        ConcurrencyProfiler(trials=0)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        ConcurrencyProfiler(batch_size=0)

@@ -1,0 +1,124 @@
+"""ConcurrencyProfiler: chooses each layer's concurrency when training starts."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from tf_glp import plan as plan_lib
+from tf_glp.profiling import profiler
+
+_KERAS_DEFAULT_BATCH = 32
+
+
+class ConcurrencyProfiler(keras.callbacks.Callback):
+    """Measures each Conv2D / Dense layer before the first step and runs it
+    at its fastest concurrency — or with TensorFlow's own kernel, whenever no
+    lane count measures faster.
+
+    Add it to an existing `model.fit(...)`; nothing else changes. Eligible
+    plain Keras layers become their tf_glp twins in place (same objects,
+    same variables). A plan file written after profiling is reused by later
+    runs with the same model, batch size, device and versions, without
+    profiling; any other plan is ignored with a warning.
+
+    Args:
+        candidates: "auto" (lane counts up to the analytical cap, see
+            tf_glp.profiling.concurrency_model) or a list of lane counts.
+        trials: Timed runs per candidate (after 2 untimed ones); the median
+            counts.
+        plan_path: Where the plan is read from and written to (None: neither).
+        log_dir: If set, TensorBoard summaries: the table as text, a
+            per-layer chart as an image, the chosen levels as scalars.
+        convert: Also convert plain keras.layers.Conv2D / Dense (False: only
+            layers that are already tf_glp layers).
+        verbose: 0 silent; 1 a progress bar while profiling and the table.
+        batch_size: The global batch size given to fit() (default: the
+            model's fixed batch size, else Keras' default of 32). Under a
+            tf.distribute strategy each replica's share is profiled.
+        strip_path: If set, at the end of training the model is saved there
+            with plain Keras layers (tf_glp.layers.strip), for a machine
+            without tf_glp.
+
+    Example:
+        >>> model.fit(x, y, batch_size=64,
+        ...           callbacks=[tf_glp.callbacks.ConcurrencyProfiler(batch_size=64)])
+    """
+
+    def __init__(self, candidates="auto", trials: int = 5, plan_path: str | None = "glp_plan.json",
+                 log_dir: str | None = None, convert: bool = True, verbose: int = 1,
+                 batch_size: int | None = None, strip_path: str | None = None):
+        super().__init__()
+        if candidates != "auto" and (not isinstance(candidates, (list, tuple)) or not all(
+                isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in candidates)):
+            raise ValueError(f"candidates must be 'auto' or a list of lane counts >= 1, got {candidates!r}")
+        if trials < 1:
+            raise ValueError(f"trials must be >= 1, got {trials}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if log_dir is not None:
+            try:
+                import tensorboard  # noqa: F401, PLC0415 (tf.summary needs it for text and images)
+            except ImportError as error:
+                raise ValueError("ConcurrencyProfiler(log_dir=...) needs TensorBoard: "
+                                 "pip install 'tf_glp[tensorboard]'") from error
+        self.candidates = candidates
+        self.trials = trials
+        self.plan_path = plan_path
+        self.log_dir = log_dir
+        self.convert = convert
+        self.verbose = verbose
+        self.batch_size = batch_size
+        self.strip_path = strip_path
+        self.plan: plan_lib.Plan | None = None
+        self.reused = False
+
+    def _replica_batch(self) -> int:
+        batch = self.batch_size
+        if batch is None:
+            fixed = self.model.inputs[0].shape[0] if getattr(self.model, "inputs", None) else None
+            batch = int(fixed) if fixed else _KERAS_DEFAULT_BATCH
+        replicas = self.model.distribute_strategy.num_replicas_in_sync
+        return max(1, batch // replicas)
+
+    def on_train_begin(self, logs=None):
+        layers = profiler.eligible_layers(self.model, self.convert)
+        if not layers:
+            return
+        # Profile outside any replica context, on the first device.
+        self.plan, self.reused = profiler.load_or_profile(
+            layers, self._replica_batch(), self.plan_path, self.candidates, self.trials, self.verbose)
+        strategy = self.model.distribute_strategy
+        if hasattr(strategy, "explain"):
+            self.plan.notes = [strategy.explain()]
+        if profiler.apply_plan(layers, self.plan):
+            # fit() made its step functions before this hook but has not
+            # traced them yet: new ones trace the new kernels, at no extra cost.
+            self.model.make_train_function(force=True)
+            self.model.make_test_function(force=True)
+            self.model.make_predict_function(force=True)
+        if self.verbose:
+            source = f"reused {self.plan_path}" if self.reused else "profiled"
+            print(f"tf_glp concurrency plan ({source}):\n{plan_lib.table(self.plan)}")
+        if self.log_dir:
+            write_summaries(self.plan, self.log_dir)
+
+    def on_train_end(self, logs=None):
+        if self.strip_path:
+            from tf_glp.layers import strip  # noqa: PLC0415
+
+            strip(self.model).save(self.strip_path)
+            if self.verbose:
+                print(f"tf_glp: saved {self.strip_path} with plain Keras layers (loads without tf_glp)")
+
+
+def write_summaries(plan: plan_lib.Plan, log_dir: str) -> None:
+    """The plan in TensorBoard: table (text), chart (image), levels (scalars)."""
+    writer = tf.summary.create_file_writer(log_dir)
+    with writer.as_default(step=0):
+        tf.summary.text("tf_glp/concurrency_plan", "```\n" + plan_lib.table(plan) + "\n```")
+        tf.summary.image("tf_glp/concurrency_chart", plan_lib.bar_chart(plan)[None])
+        for layer in plan.layers:
+            tf.summary.scalar(f"tf_glp/concurrency/{layer.name}", 0 if layer.choice is None else layer.choice)
+    writer.flush()
+    writer.close()
