@@ -24,9 +24,10 @@ def test_round_trip_and_reuse(tmp_path):
     assert os.listdir(tmp_path) == ["plan.json"]  # no temporary file left behind
     loaded = plan_lib.read(path)
     assert loaded == _plan()
-    assert loaded.mismatch(_plan().header, [("conv", [32, 8, 8, 1], "float32")]) is None
+    assert loaded.mismatch(_plan().header, [("Conv2D", [32, 8, 8, 1], "float32")]) is None
     assert "batch_size is 32 in the plan, 64 here" in loaded.mismatch({**_plan().header, "batch_size": 64}, [])
-    assert "input shapes differ" in loaded.mismatch(_plan().header, [("conv", [32, 9, 9, 1], "float32")])
+    assert "input shapes differ" in loaded.mismatch(_plan().header, [("Conv2D", [32, 9, 9, 1], "float32")])
+    assert "layers or their input shapes differ" in loaded.mismatch(_plan().header, [("Dense", [32, 8, 8, 1], "float32")])
 
 
 def test_atomic_write_keeps_the_old_plan_when_writing_fails(tmp_path, monkeypatch):

@@ -79,13 +79,14 @@ class Plan:
             raise ValueError(f"not a tf_glp plan: {error!r}") from error
 
     def mismatch(self, header: dict, layers: list[tuple[str, list[int], str]]) -> str | None:
-        """Why this plan does not fit `header` and `layers` ((name, input
-        shape, dtype) each), or None if it can be reused."""
+        """Why this plan does not fit `header` and `layers` ((class, input
+        shape, dtype) each, in model order), or None if it can be reused.
+        Layer names do not count: Keras numbers unnamed layers per process."""
         for key, value in header.items():
             if self.header.get(key) != value:
                 return f"{key} is {self.header.get(key)!r} in the plan, {value!r} here"
-        mine = [(layer.name, list(layer.input_shape), layer.dtype) for layer in self.layers]
-        if mine != [(n, list(s), d) for n, s, d in layers]:
+        mine = [(layer.layer_class, list(layer.input_shape), layer.dtype) for layer in self.layers]
+        if mine != [(c, list(s), d) for c, s, d in layers]:
             return "the model's layers or their input shapes differ"
         return None
 

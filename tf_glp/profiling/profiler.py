@@ -210,7 +210,7 @@ def load_or_profile(layers, batch: int, plan_path: str | None, candidates="auto"
     import warnings  # noqa: PLC0415
 
     header = plan_header(batch)
-    described = [(layer.name, *layer_input(layer, batch)) for layer in layers]
+    described = [(type(layer).__name__, *layer_input(layer, batch)) for layer in layers]
     if plan_path and os.path.exists(plan_path):
         try:
             stored = plan_lib.read(plan_path)
@@ -229,11 +229,11 @@ def load_or_profile(layers, batch: int, plan_path: str | None, candidates="auto"
 
 
 def apply_plan(layers, plan: plan_lib.Plan) -> bool:
-    """Sets every layer's concurrency from the plan; True if any changed."""
-    choices = plan.choices()
+    """Sets every layer's concurrency from the plan (entries in model order,
+    as load_or_profile matched them); True if any changed."""
     changed = False
-    for layer in layers:
-        choice = choices.get(layer.name)
+    for layer, entry in zip(layers, plan.layers):
+        choice = entry.choice
         if getattr(layer, "concurrency", None) != choice or not hasattr(layer, "concurrency"):
             as_glp_layer(layer, choice)
             changed = True
