@@ -102,34 +102,53 @@ def cap_for(work: concurrency_model.LayerWork) -> tuple[int, str]:
     return concurrency_model.cpu_cap(work, op_threads())
 
 
-def time_layer(layer, input_shape: Sequence[int], dtype: str, concurrency: int | None, trials: int) -> list[float]:
-    """Seconds of forward + backward (input and weight gradients), per trial."""
+def time_layer(layer, input_shape: Sequence[int], dtype: str, concurrencies: Sequence[int | None],
+               trials: int) -> list[list[float]]:
+    """Seconds of forward + backward (input and weight gradients) for each
+    concurrency, per trial.
+
+    All candidates run in one traced function, one after the other, each
+    bracketed by tf.timestamp() and chained by control dependencies: one
+    trace per layer instead of one per candidate (tracing, not running, is
+    most of the profiling time on small layers).
+    """
     rng = np.random.default_rng(0)  # local: the global generators stay untouched
     x = tf.constant(rng.standard_normal(input_shape).astype(dtype))
-    previous = getattr(layer, "concurrency", None)
-    as_glp_layer(layer, concurrency)
+    dy_shape = layer.compute_output_shape(tuple(input_shape))
+    dy = tf.constant(rng.standard_normal([int(d) for d in dy_shape]).astype(dtype))
+    weights = [v.value for v in layer.trainable_variables]
+    kind, previous = type(layer), getattr(layer, "concurrency", None)
+
+    @tf.function(autograph=False)
+    def run_all():
+        durations, kept = [], []
+        token = tf.timestamp()
+        for concurrency in concurrencies:
+            as_glp_layer(layer, concurrency)  # read when the call below is traced
+            with tf.control_dependencies([token]):
+                start = tf.timestamp()
+            with tf.control_dependencies([start]):
+                inputs = tf.identity(x)
+                with tf.GradientTape() as tape:
+                    tape.watch(inputs)
+                    outputs = layer(inputs)
+                grads = tape.gradient(outputs, [inputs, *weights], output_gradients=dy)
+            grads = [g for g in grads if g is not None]
+            with tf.control_dependencies(grads):
+                token = tf.timestamp()
+            durations.append(token - start)
+            # Returned, so that Grappler cannot prune the work as unused
+            # (a control edge to a timestamp does not keep it alive).
+            kept.extend(tf.reshape(g, [-1])[0] for g in grads)
+        return tf.stack(durations), kept
+
     try:
-        dy_shape = layer.compute_output_shape(tuple(input_shape))
-        dy = tf.constant(rng.standard_normal([int(d) for d in dy_shape]).astype(dtype))
-        weights = [v.value for v in layer.trainable_variables]
-
-        @tf.function(autograph=False)
-        def step():
-            with tf.GradientTape() as tape:
-                tape.watch(x)
-                y = layer(x)
-            return tape.gradient(y, [x, *weights], output_gradients=dy)
-
-        times = []
-        for i in range(WARMUP + trials):
-            start = time.perf_counter()
-            outputs = step()
-            outputs[0].numpy()  # wait for the device
-            if i >= WARMUP:
-                times.append(time.perf_counter() - start)
-        return times
+        runs = [run_all()[0].numpy() for _ in range(WARMUP + trials)][WARMUP:]
     finally:
-        as_glp_layer(layer, previous)
+        layer.__class__ = kind
+        if hasattr(layer, "concurrency") or previous is not None:
+            layer.concurrency = previous
+    return [[float(run[i]) for run in runs] for i in range(len(concurrencies))]
 
 
 def _spread(times: list[float]) -> float:
@@ -165,12 +184,12 @@ def profile_layers(layers: Sequence[keras.layers.Layer], batch: int, header: dic
         input_shape, dtype = layer_input(layer, batch)
         cap, cap_reason = cap_for(layer_work(layer, input_shape))
         counts = concurrency_model.candidates(cap) if candidates == "auto" else [k for k in candidates if k <= cap]
-        timed = []
-        for k in [None, *counts]:
-            times = time_layer(layer, input_shape, dtype, k, trials)
-            timed.append(plan_lib.Candidate(k, statistics.median(times) * 1e3, _spread(times) * 1e3))
-            if progress:
-                progress(1)
+        concurrencies = [None, *counts]
+        per_candidate = time_layer(layer, input_shape, dtype, concurrencies, trials)
+        timed = [plan_lib.Candidate(k, statistics.median(times) * 1e3, _spread(times) * 1e3)
+                 for k, times in zip(concurrencies, per_candidate)]
+        if progress:
+            progress(1)
         choice, reason = choose(timed)
         entries.append(plan_lib.LayerPlan(layer.name, type(layer).__name__, input_shape, dtype, cap, cap_reason,
                                           timed, choice, reason))
@@ -194,14 +213,6 @@ def eligible_layers(model: keras.Model, convert: bool) -> list[keras.layers.Laye
     return found
 
 
-def count_candidates(layers, batch: int, candidates) -> int:
-    total = 0
-    for layer in layers:
-        cap, _ = cap_for(layer_work(layer, layer_input(layer, batch)[0]))
-        total += 1 + len(concurrency_model.candidates(cap) if candidates == "auto" else [k for k in candidates if k <= cap])
-    return total
-
-
 def load_or_profile(layers, batch: int, plan_path: str | None, candidates="auto", trials: int = 5,
                     verbose: int = 1) -> tuple[plan_lib.Plan, bool]:
     """The plan for `layers` at `batch`: the file's if it matches this run
@@ -221,7 +232,7 @@ def load_or_profile(layers, batch: int, plan_path: str | None, candidates="auto"
             if why is None:
                 return stored, True
             warnings.warn(f"tf_glp: the plan {plan_path} is for another run ({why}); profiling again", stacklevel=3)
-    bar = keras.utils.Progbar(count_candidates(layers, batch, candidates), unit_name="candidate") if verbose else None
+    bar = keras.utils.Progbar(len(layers), unit_name="layer") if verbose else None
     plan = profile_layers(layers, batch, header, candidates, trials, progress=bar.add if bar else None)
     if plan_path:
         plan_lib.write(plan, plan_path)
