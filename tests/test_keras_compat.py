@@ -58,3 +58,10 @@ def test_dataset_batch_size():
     data = tf.data.Dataset.from_tensor_slices(np.zeros((10, 3), np.float32))
     assert _keras_compat.dataset_batch_size(data.batch(4, drop_remainder=True)) == 4
     assert _keras_compat.dataset_batch_size(data.batch(4)) == 4  # partial last batch: from BatchDataset
+
+
+def test_layer_internals_that_twins_share():
+    for layer in (keras.layers.Dense(3), keras.layers.Conv2D(2, 3)):
+        layer.build((None, 5) if isinstance(layer, keras.layers.Dense) else (None, 6, 6, 1))
+        assert layer._kernel is layer.kernel
+        assert isinstance(layer._build_shapes_dict, dict)

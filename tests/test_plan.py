@@ -8,11 +8,15 @@ import pytest
 from tf_glp import plan as plan_lib
 
 
+CONFIG = {"filters": 4, "kernel_size": [3, 3], "strides": [1, 1], "padding": "valid"}
+
+
 def _plan(batch=32):
     header = {"schema": plan_lib.SCHEMA, "tf_glp": "0.1.0", "tensorflow": "2.21.0", "device": "CPU, 2 op threads",
               "isa": "avx512", "batch_size": batch}
     layer = plan_lib.LayerPlan(
-        name="conv", layer_class="Conv2D", input_shape=[batch, 8, 8, 1], dtype="float32", cap=2, cap_reason="2 threads",
+        name="conv", layer_class="Conv2D", input_shape=[batch, 8, 8, 1], dtype="float32", config=CONFIG, cap=2,
+        cap_reason="2 threads",
         candidates=[plan_lib.Candidate(None, 1.0, 0.1), plan_lib.Candidate(1, 1.2, 0.1), plan_lib.Candidate(2, 0.5, 0.05)],
         choice=2, reason="fastest")
     return plan_lib.Plan(header=header, layers=[layer])
@@ -24,10 +28,11 @@ def test_round_trip_and_reuse(tmp_path):
     assert os.listdir(tmp_path) == ["plan.json"]  # no temporary file left behind
     loaded = plan_lib.read(path)
     assert loaded == _plan()
-    assert loaded.mismatch(_plan().header, [("Conv2D", [32, 8, 8, 1], "float32")]) is None
+    assert loaded.mismatch(_plan().header, [("Conv2D", [32, 8, 8, 1], "float32", CONFIG)]) is None
     assert "batch_size is 32 in the plan, 64 here" in loaded.mismatch({**_plan().header, "batch_size": 64}, [])
-    assert "input shapes differ" in loaded.mismatch(_plan().header, [("Conv2D", [32, 9, 9, 1], "float32")])
-    assert "layers or their input shapes differ" in loaded.mismatch(_plan().header, [("Dense", [32, 8, 8, 1], "float32")])
+    for other in (("Conv2D", [32, 9, 9, 1], "float32", CONFIG), ("Dense", [32, 8, 8, 1], "float32", CONFIG),
+                  ("Conv2D", [32, 8, 8, 1], "float32", {**CONFIG, "filters": 8})):
+        assert "differ" in loaded.mismatch(_plan().header, [other])
 
 
 def test_atomic_write_keeps_the_old_plan_when_writing_fails(tmp_path, monkeypatch):
@@ -45,8 +50,16 @@ def test_atomic_write_keeps_the_old_plan_when_writing_fails(tmp_path, monkeypatc
     assert plan_lib.read(path) == _plan()
 
 
-@pytest.mark.parametrize("text", ["{not json", "[]", '{"header": {"schema": 1}}', '{"header": {"schema": 99}, "layers": []}',
-                                  '{"header": {"schema": 1}, "layers": [{"name": "x"}]}'])
+def _edited(**changes):
+    data = _plan().to_json()
+    data["layers"][0].update(changes)
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"header": []}', '{"header": {"schema": 1}}',
+                                  '{"header": {"schema": 99}, "layers": []}',
+                                  '{"header": {"schema": 1}, "layers": [{"name": "x"}]}',
+                                  _edited(choice="2"), _edited(input_shape=None), _edited(cap=0), _edited(config=[])])
 def test_corrupt_plans_are_value_errors(tmp_path, text):
     path = tmp_path / "plan.json"
     path.write_text(text)

@@ -52,7 +52,25 @@ INTERNALS = {
         "initial values of replica copies (host_extended.py)",
     ("tensorflow.python.distribute.distribute_lib", "UpdateContext", "__enter__"):
         "writes to one copy of a replicated slot (apply_gradients.py)",
+    ("tensorflow.python.distribute.parameter_server_strategy", "ParameterServerStrategyExtended", "_update"):
+        "overridden: host or per-copy updates (host_extended.py)",
+    ("tensorflow.python.distribute.parameter_server_strategy", "ParameterServerStrategyExtended", "_reduce_to"):
+        "overridden (host_extended.py)",
+    ("tensorflow.python.distribute.parameter_server_strategy", "ParameterServerStrategyExtended",
+     "_validate_colocate_with_variable"): "overridden (host_extended.py)",
+    ("tensorflow.python.distribute.parameter_server_strategy", "ParameterServerStrategyExtended", "read_var"):
+        "overridden (host_extended.py)",
+    ("tensorflow.python.distribute.parameter_server_strategy", "ParameterServerStrategyExtended",
+     "value_container"): "overridden (host_extended.py)",
+    ("tensorflow.python.distribute.ps_values", "AggregatingVariable", "get"):
+        "a host variable's one copy (apply_gradients.py)",
 }
+
+# Instance attributes, checked on real objects by tests/test_keras_compat.py:
+# an optimizer's slot lists (adam_slots, accumulator, ema_averages,
+# built_variables, step_counter) and a built Conv2D / Dense layer's `_kernel`
+# and `_build_shapes_dict`, which tf_glp.layers shares between a layer and
+# its twin (convert, strip).
 
 
 def missing_internals() -> list[str]:

@@ -38,6 +38,7 @@ class LayerPlan:
     layer_class: str
     input_shape: list[int]
     dtype: str
+    config: dict  # what the layer computes (units, filters, kernel size, strides, ...)
     cap: int
     cap_reason: str
     candidates: list[Candidate]
@@ -54,10 +55,6 @@ class Plan:
     layers: list[LayerPlan]
     notes: list[str] = dataclasses.field(default_factory=list)  # e.g. the Strategy's chunking decision
 
-    def choices(self) -> dict[str, int | None]:
-        """Layer name -> chosen concurrency (None: TensorFlow's kernel)."""
-        return {layer.name: layer.choice for layer in self.layers}
-
     def to_json(self) -> dict:
         return {"header": self.header, "layers": [dataclasses.asdict(layer) for layer in self.layers],
                 "notes": self.notes}
@@ -66,29 +63,56 @@ class Plan:
     def from_json(cls, data: dict) -> Plan:
         """Raises ValueError (naming what is wrong) for anything malformed."""
         try:
+            header = data["header"]
+            if not isinstance(header, dict):
+                raise TypeError("header is not an object")
             layers = []
             for entry in data["layers"]:
                 entry = dict(entry)
                 entry["candidates"] = [Candidate(**c) for c in entry["candidates"]]
-                layers.append(LayerPlan(**entry))
-            header = data["header"]
-            if not isinstance(header, dict):
-                raise TypeError("header is not an object")
-            return cls(header=header, layers=layers, notes=list(data.get("notes", [])))
+                layer = LayerPlan(**entry)
+                _check_layer(layer)
+                layers.append(layer)
+            return cls(header=header, layers=layers, notes=[str(n) for n in data.get("notes", [])])
         except (KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"not a tf_glp plan: {error!r}") from error
 
-    def mismatch(self, header: dict, layers: list[tuple[str, list[int], str]]) -> str | None:
+    def mismatch(self, header: dict, layers: list[tuple[str, list[int], str, dict]]) -> str | None:
         """Why this plan does not fit `header` and `layers` ((class, input
-        shape, dtype) each, in model order), or None if it can be reused.
-        Layer names do not count: Keras numbers unnamed layers per process."""
+        shape, dtype, config) each, in model order), or None if it can be
+        reused. Layer names do not count: Keras numbers unnamed layers per
+        process."""
         for key, value in header.items():
             if self.header.get(key) != value:
                 return f"{key} is {self.header.get(key)!r} in the plan, {value!r} here"
-        mine = [(layer.layer_class, list(layer.input_shape), layer.dtype) for layer in self.layers]
-        if mine != [(c, list(s), d) for c, s, d in layers]:
-            return "the model's layers or their input shapes differ"
+        mine = [(layer.layer_class, list(layer.input_shape), layer.dtype, layer.config) for layer in self.layers]
+        if mine != [(c, list(s), d, dict(k)) for c, s, d, k in layers]:
+            return "the model's layers, their input shapes or their configurations differ"
         return None
+
+
+def _check_layer(layer: LayerPlan) -> None:
+    """Raises TypeError for fields of the wrong type (a hand-edited plan)."""
+    def is_count(value):
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+    problems = []
+    if not isinstance(layer.name, str) or not isinstance(layer.layer_class, str) or not isinstance(layer.dtype, str):
+        problems.append("name, layer_class and dtype must be strings")
+    if not isinstance(layer.input_shape, list) or not all(is_count(d) for d in layer.input_shape):
+        problems.append(f"input_shape must be a list of sizes, got {layer.input_shape!r}")
+    if not isinstance(layer.config, dict):
+        problems.append(f"config must be an object, got {layer.config!r}")
+    if not (layer.choice is None or is_count(layer.choice)):
+        problems.append(f"choice must be null or a lane count, got {layer.choice!r}")
+    if not is_count(layer.cap):
+        problems.append(f"cap must be a lane count, got {layer.cap!r}")
+    for c in layer.candidates:
+        if not (c.concurrency is None or is_count(c.concurrency)) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in (c.median_ms, c.spread_ms)):
+            problems.append(f"bad candidate {c!r}")
+    if problems:
+        raise TypeError(f"layer {layer.name!r}: " + "; ".join(problems))
 
 
 def read(path: str) -> Plan:
@@ -98,7 +122,8 @@ def read(path: str) -> Plan:
             data = json.load(f)
         except json.JSONDecodeError as error:
             raise ValueError(f"not valid JSON: {error}") from error
-    if not isinstance(data, dict) or data.get("header", {}).get("schema") != SCHEMA:
+    header = data.get("header") if isinstance(data, dict) else None
+    if not isinstance(header, dict) or header.get("schema") != SCHEMA:
         raise ValueError(f"not a tf_glp plan of schema {SCHEMA}")
     return Plan.from_json(data)
 

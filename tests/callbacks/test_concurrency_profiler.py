@@ -79,7 +79,7 @@ def test_changes_nothing_training_computes(build, tmp_path, monkeypatch):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_plan_file_and_choice_never_slower_than_native(tmp_path):
+def test_plan_file_records_every_candidate_within_the_cap(tmp_path):
     path = str(tmp_path / "plan.json")
     callback = ConcurrencyProfiler(trials=3, plan_path=path, verbose=0, batch_size=32)
     _train(_sequential, [callback], epochs=1)
@@ -101,6 +101,8 @@ def test_mismatched_and_broken_plans_are_reprofiled(tmp_path):
                               (lambda d: d["header"].update(device="NVIDIA H200"), "device"),
                               (lambda d: d["header"].update(tensorflow="2.20.0"), "tensorflow"),
                               (lambda d: d["layers"][0].update(input_shape=[32, 9, 9, 1]), "input shapes"),
+                              (lambda d: d["layers"][1]["config"].update(units=99), "configurations"),
+                              (lambda d: d["layers"][0].update(choice="fast"), "not a tf_glp plan"),
                               (lambda d: d["layers"][0].pop("candidates"), "not a tf_glp plan"),
                               (None, "not valid JSON")):
         data = json.load(open(path))
@@ -191,3 +193,31 @@ def test_bad_arguments():
         ConcurrencyProfiler(trials=0)
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         ConcurrencyProfiler(batch_size=0)
+
+
+def test_native_choices_leave_plain_layers_plain_whether_profiled_or_reused(tmp_path, monkeypatch):
+    _forced(monkeypatch, None)
+    path = str(tmp_path / "plan.json")
+    for _ in range(2):  # profiled, then reused
+        model, _ = _train(_sequential, [ConcurrencyProfiler(trials=1, plan_path=path, verbose=0)], epochs=1)
+        assert all(type(layer).__module__.startswith("keras") for layer in model.layers)
+        assert "tf_glp" not in json.dumps(model.get_config())
+
+
+def test_subclassed_model_layers_are_skipped_with_a_warning():
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.flatten = L.Flatten()
+            self.dense = L.Dense(10)
+
+        def call(self, x):
+            return self.dense(self.flatten(x))
+
+    x, y = _data(64)
+    model = Subclassed()
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model(x[:1])
+    with pytest.warns(UserWarning, match="not profiling dense.*input shapes are unknown"):
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0,
+                  callbacks=[ConcurrencyProfiler(trials=1, plan_path=None, verbose=0)])

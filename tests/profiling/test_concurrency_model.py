@@ -46,3 +46,10 @@ def test_cpu_cap_threads_and_work():
 @pytest.mark.parametrize("cap,expected", [(1, [1]), (2, [1, 2]), (6, [1, 2, 4, 6]), (8, [1, 2, 4, 8])])
 def test_candidates(cap, expected):
     assert model.candidates(cap) == expected
+
+
+def test_known_gpus_by_whole_word():
+    assert model.known_gpu("NVIDIA H200").name == "H200"
+    assert model.known_gpu("NVIDIA L4").name == "L4"
+    assert model.known_gpu("NVIDIA L40S") is None
+    assert model.known_gpu("Tesla T4").name == "T4"

@@ -1,6 +1,6 @@
-"""tf_glp.Strategy with Keras' workflows: fit / evaluate / predict, save and
-load on one device, checkpoints, BackupAndRestore, chunking="auto" with
-explain(), and clear errors for what it does not support."""
+"""tf_glp.Strategy with Keras' workflows: fit / evaluate / predict against
+one device, save and load on one device, checkpoints, BackupAndRestore, and
+clear errors for what it does not support."""
 
 import os
 

@@ -82,7 +82,7 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         return max(1, batch // replicas)
 
     def on_train_begin(self, logs=None):
-        layers = profiler.eligible_layers(self.model, self.convert)
+        layers = profiler.profilable(profiler.eligible_layers(self.model, self.convert))
         if not layers:
             return
         # Profile outside any replica context, on the first device.

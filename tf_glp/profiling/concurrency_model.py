@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 from tf_glp.ops.concurrent import MAX_CONCURRENCY
 
@@ -76,6 +77,13 @@ KNOWN_GPUS = {
     "T4": GpuDescription("T4", 40, 1024, 16, 65536, 64 << 10, 7e12),
     "V100": GpuDescription("V100", 80, 2048, 32, 65536, 96 << 10, 14e12),
 }
+
+
+def known_gpu(device_name: str) -> GpuDescription | None:
+    """The description of a device named like "NVIDIA H200" (a whole-word
+    match: "L4" is not "L40S")."""
+    words = set(re.split(r"[^A-Za-z0-9]+", device_name.upper()))
+    return next((gpu for key, gpu in KNOWN_GPUS.items() if key in words), None)
 
 
 def blocks_per_multiprocessor(gpu: GpuDescription, launch: KernelLaunch) -> int:

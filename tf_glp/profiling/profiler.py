@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
+import warnings
 from collections.abc import Callable, Sequence
 
 import keras
@@ -47,17 +47,17 @@ def gpu_description() -> concurrency_model.GpuDescription | None:
     if not gpus:
         return None
     name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "")
-    return next((gpu for key, gpu in concurrency_model.KNOWN_GPUS.items() if key in name), None)
+    return concurrency_model.known_gpu(name)
 
 
-def device_string(gpu: concurrency_model.GpuDescription | None = None) -> str:
+def device_string() -> str:
     if device_kind() == "gpu":
         gpus = tf.config.list_physical_devices("GPU")
         return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
     return f"CPU, {op_threads()} op threads"
 
 
-def plan_header(batch_size: int) -> dict:
+def plan_header(batch_size: int, candidates="auto") -> dict:
     """The facts a plan must share with this run to be reused."""
     return {
         "schema": plan_lib.SCHEMA,
@@ -66,7 +66,18 @@ def plan_header(batch_size: int) -> dict:
         "device": device_string(),
         "isa": tf_glp.native_available().cpu_kernels,
         "batch_size": int(batch_size),
+        "candidates": candidates if candidates == "auto" else sorted(int(k) for k in candidates),
     }
+
+
+_CONFIG_KEYS = ("units", "filters", "kernel_size", "strides", "padding", "dilation_rate", "use_bias", "activation")
+
+
+def layer_config(layer: keras.layers.Layer) -> dict:
+    """What the layer computes, for matching plans (JSON-friendly)."""
+    config = layer.get_config()
+    return {key: (list(value) if isinstance(value, tuple) else value)
+            for key, value in config.items() if key in _CONFIG_KEYS and isinstance(value, (int, str, bool, tuple, list))}
 
 
 def layer_input(layer: keras.layers.Layer, batch: int) -> tuple[list[int], str]:
@@ -117,7 +128,7 @@ def time_layer(layer, input_shape: Sequence[int], dtype: str, concurrencies: Seq
     dy_shape = layer.compute_output_shape(tuple(input_shape))
     dy = tf.constant(rng.standard_normal([int(d) for d in dy_shape]).astype(dtype))
     weights = [v.value for v in layer.trainable_variables]
-    kind, previous = type(layer), getattr(layer, "concurrency", None)
+    saved = _layer_state(layer)
 
     @tf.function(autograph=False)
     def run_all():
@@ -145,10 +156,22 @@ def time_layer(layer, input_shape: Sequence[int], dtype: str, concurrencies: Seq
     try:
         runs = [run_all()[0].numpy() for _ in range(WARMUP + trials)][WARMUP:]
     finally:
-        layer.__class__ = kind
-        if hasattr(layer, "concurrency") or previous is not None:
-            layer.concurrency = previous
+        _restore_layer(layer, saved)
     return [[float(run[i]) for run in runs] for i in range(len(concurrencies))]
+
+
+def _layer_state(layer) -> tuple:
+    return type(layer), "concurrency" in vars(layer), getattr(layer, "concurrency", None)
+
+
+def _restore_layer(layer, state: tuple) -> None:
+    """Puts back the layer's class and concurrency (or its absence)."""
+    kind, had_concurrency, concurrency = state
+    layer.__class__ = kind
+    if had_concurrency:
+        layer.concurrency = concurrency
+    else:
+        vars(layer).pop("concurrency", None)
 
 
 def _spread(times: list[float]) -> float:
@@ -191,8 +214,8 @@ def profile_layers(layers: Sequence[keras.layers.Layer], batch: int, header: dic
         if progress:
             progress(1)
         choice, reason = choose(timed)
-        entries.append(plan_lib.LayerPlan(layer.name, type(layer).__name__, input_shape, dtype, cap, cap_reason,
-                                          timed, choice, reason))
+        entries.append(plan_lib.LayerPlan(layer.name, type(layer).__name__, input_shape, dtype, layer_config(layer),
+                                          cap, cap_reason, timed, choice, reason))
     return plan_lib.Plan(header=header, layers=entries)
 
 
@@ -213,15 +236,30 @@ def eligible_layers(model: keras.Model, convert: bool) -> list[keras.layers.Laye
     return found
 
 
+def profilable(layers) -> list:
+    """The layers whose input shape is known (a functional or Sequential
+    model's); the others are left alone, with one warning naming them."""
+    known, unknown = [], []
+    for layer in layers:
+        try:
+            layer_input(layer, 1)
+        except ValueError:
+            unknown.append(layer.name)
+        else:
+            known.append(layer)
+    if unknown:
+        warnings.warn(f"tf_glp: not profiling {', '.join(unknown)}: their input shapes are unknown (layers of a "
+                      f"subclassed model, or never called); they keep their kernels", stacklevel=3)
+    return known
+
+
 def load_or_profile(layers, batch: int, plan_path: str | None, candidates="auto", trials: int = 5,
                     verbose: int = 1) -> tuple[plan_lib.Plan, bool]:
     """The plan for `layers` at `batch`: the file's if it matches this run
     (same header and layers), else a new profile, written atomically.
     Returns (plan, reused)."""
-    import warnings  # noqa: PLC0415
-
-    header = plan_header(batch)
-    described = [(type(layer).__name__, *layer_input(layer, batch)) for layer in layers]
+    header = plan_header(batch, candidates)
+    described = [(type(layer).__name__, *layer_input(layer, batch), layer_config(layer)) for layer in layers]
     if plan_path and os.path.exists(plan_path):
         try:
             stored = plan_lib.read(plan_path)
@@ -241,12 +279,16 @@ def load_or_profile(layers, batch: int, plan_path: str | None, candidates="auto"
 
 def apply_plan(layers, plan: plan_lib.Plan) -> bool:
     """Sets every layer's concurrency from the plan (entries in model order,
-    as load_or_profile matched them); True if any changed."""
+    as load_or_profile matched them); True if any changed. A plain Keras
+    layer whose choice is TensorFlow's kernel stays plain, whether the plan
+    was profiled or reused, so what model.save writes does not depend on it."""
     changed = False
     for layer, entry in zip(layers, plan.layers):
-        choice = entry.choice
-        if getattr(layer, "concurrency", None) != choice or not hasattr(layer, "concurrency"):
-            as_glp_layer(layer, choice)
+        plain = not hasattr(layer, "concurrency")
+        if plain and entry.choice is None:
+            continue
+        if plain or layer.concurrency != entry.choice:
+            as_glp_layer(layer, entry.choice)
             changed = True
     return changed
 
@@ -263,13 +305,6 @@ def profile(model: keras.Model, sample_batch, candidates="auto", trials: int = 5
     """
     first = tf.nest.flatten(sample_batch)[0]
     batch = int(np.shape(first)[0])
-    layers = eligible_layers(model, convert)
-    states = [(layer, type(layer), getattr(layer, "concurrency", None)) for layer in layers]
-    try:
-        plan, _ = load_or_profile(layers, batch, plan_path, candidates, trials, verbose)
-    finally:
-        for layer, kind, concurrency in states:  # profiling leaves every layer as it was
-            layer.__class__ = kind
-            if hasattr(layer, "concurrency") or concurrency is not None:
-                layer.concurrency = concurrency
+    layers = profilable(eligible_layers(model, convert))
+    plan, _ = load_or_profile(layers, batch, plan_path, candidates, trials, verbose)
     return plan

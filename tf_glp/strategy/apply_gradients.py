@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import keras
 import tensorflow as tf
+from tensorflow.python.distribute import ps_values
 
 from tf_glp import _keras_compat
 
@@ -31,12 +32,13 @@ def _tf_variable(variable):
 
 
 def _copies(value) -> tuple:
+    """The copies of a value or variable: a replicated one's per device, a
+    host variable's single inner variable, anything else itself."""
     if isinstance(value, tf.distribute.DistributedValues):
         return tuple(value.values)
-    if hasattr(value, "_aggregating_container"):  # a host variable's inner copy
-        return (value,)
-    get = getattr(value, "get", None)  # AggregatingVariable: its one host copy
-    return (get(),) if callable(get) else (value,)
+    if isinstance(value, ps_values.AggregatingVariable):
+        return (value.get(),)
+    return (value,)
 
 
 def needs_own_apply(optimizer) -> bool:

@@ -13,6 +13,7 @@ Pure Python on sizes only, so it is testable without TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 from tf_glp.strategy import cost_model
@@ -48,10 +49,10 @@ def parse_bytes(text: str) -> int | None:
     if unit not in _UNITS:
         return None
     try:
-        amount = float(number)
+        size = float(number) * _UNITS[unit]
     except ValueError:
         return None
-    return int(amount * _UNITS[unit]) if amount > 0 else None
+    return int(size) if math.isfinite(size) and size >= 1 else None
 
 
 def format_bytes(size: float) -> str:

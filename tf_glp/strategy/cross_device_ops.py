@@ -135,7 +135,9 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
         in its own thread and runs the merge (where reductions happen) in
         another. Merges happen only when every replica has reached the same
         merge_call, so a gradient merge sees every replica inside this scope
-        and any other merge sees none.
+        and any other merge sees none. (Two models tracing steps on one
+        strategy at the same time, in different threads, would share the
+        count: one strategy per concurrently trained model.)
         """
         with self._lock:
             self._gradient_scopes += 1

@@ -28,8 +28,10 @@ MirroredStrategy's result with one host write instead of one per replica.
 
 The rules rest on the creation arguments of TensorFlow 2.21 and Keras 3.15
 (`trainable`, `synchronization`, `aggregation`, `colocate_with`);
-tests/strategy/test_variable_homes.py checks each one against real Keras
-objects, so a change in either library fails loudly there.
+tests/strategy/test_real_models.py::test_variable_homes_under_update_host
+checks each one against real Keras objects, so a change in either library
+fails loudly there; the TensorFlow methods overridden here are listed in
+tf_glp/_keras_compat.py.
 """
 
 from __future__ import annotations

@@ -209,10 +209,11 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
         fused = FusedKerasUpdate(optimizer, update_step_only=True)
         compression = self.compression
 
-        def merge_fn(strategy, *grads):
+        def merge_fn(strategy, *grads, compressed=True):
             per_variable = [local_components(g) for g in grads]
             chunks = self.chunking_state.plan(byte_sizes(per_variable))  # planned on uncompressed sizes
-            per_variable = [compress(parts, compression) for parts in per_variable]
+            if compressed:
+                per_variable = [compress(parts, compression) for parts in per_variable]
             with tf.device(HOST_DEVICE):
                 for chunk in chunks:
                     barrier = [t for i in chunk for t in per_variable[i]] if len(chunk) > 1 else []
@@ -222,7 +223,9 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
 
         replica_context = tf.distribute.get_replica_context()
         if replica_context is None:
-            merge_fn(self, *grads)
+            # Host tensors already summed (and, if compressed, already
+            # crossed in 16 bits): update in float32, no second rounding.
+            merge_fn(self, *grads, compressed=False)
         else:
             replica_context.merge_call(merge_fn, args=tuple(grads))
         return True
@@ -241,10 +244,12 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
         skips the step.
         """
         inner = loss_scale_optimizer.inner_optimizer
-        if not self._fuses_update(inner, variables) or any(
-                getattr(inner, name, None) is not None for name in ("clipnorm", "clipvalue", "global_clipnorm")):
-            # Keras clips each replica's gradients before the sum; keep its
-            # own path (the fused update still runs inside it).
+        if (not self._fuses_update(inner, variables)
+                or any(getattr(inner, name, None) is not None for name in ("clipnorm", "clipvalue", "global_clipnorm"))
+                or any(getattr(v, "overwrite_with_gradient", False) for v in variables)):
+            # Keras clips each replica's gradients before the sum, and does
+            # not unscale overwrite-with-gradient (float8) variables: keep
+            # its own path (with the fused update inside, when it applies).
             return False
         _check_not_xla()
         variables = list(variables)
@@ -265,7 +270,7 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
                                                     return_all_finite=True)
                     summed.append(total)
                     finite.append(all_finite)
-                step_is_finite = tf.reduce_all(tf.stack(finite))
+                step_is_finite = tf.reduce_all(tf.stack(finite)) if finite else tf.constant(True)
             loss_scaling.finish_step(loss_scale_optimizer, step_is_finite, summed, variables)
 
         tf.distribute.get_replica_context().merge_call(merge_fn, args=tuple(grads))
