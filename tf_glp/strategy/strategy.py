@@ -72,9 +72,10 @@ class Strategy(tf.distribute.Strategy):
             metrics and losses stay exact) cross to the host in 16 bits and
             are accumulated in float32 (results then differ from float32
             training by the rounding of the gradients). A finite gradient
-            beyond float16's range raises InvalidArgumentError, except under
-            'mixed_float16' with update="host", where loss scaling skips the
-            step and lowers the scale.
+            beyond float16's range raises InvalidArgumentError, except where
+            update="host" runs the loss scaling itself ('mixed_float16' with
+            SGD / Adam / AdamW, no clipping): there the step is skipped and
+            the scale lowered.
         cpu_replicas: Number of logical CPU replicas when there are no GPUs
             (default 2), or to force CPU replicas on a GPU machine.
 
