@@ -96,6 +96,13 @@ class TestErrors:
         with pytest.raises(ValueError, match="cpu_replicas must be at least 1, got 0"):
             tf_glp.Strategy(cpu_replicas=0)
 
+    def test_bad_cpu_replicas_from_the_environment(self, monkeypatch):
+        monkeypatch.setenv("TF_GLP_CPU_REPLICAS", "two")
+        with pytest.raises(ValueError, match="TF_GLP_CPU_REPLICAS must be an integer >= 1, got 'two'"):
+            tf_glp.Strategy()
+        monkeypatch.setenv("TF_GLP_CPU_REPLICAS", "4")
+        assert tf_glp.Strategy().num_replicas_in_sync == 4
+
     def test_too_many_cpu_replicas_after_initialisation(self):
         tf.config.list_logical_devices("CPU")  # TensorFlow fixes its devices here (conftest asked for 4)
         with pytest.raises(RuntimeError, match="already initialised its devices with 4"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import tensorflow as tf
 
 
@@ -35,8 +37,22 @@ def cpu_replica_devices(count: int) -> list[str]:
 
 
 def default_devices(cpu_replicas: int | None) -> list[str]:
-    """All GPUs; without GPUs, `cpu_replicas` (default 2) logical CPUs."""
+    """All GPUs; without GPUs, `cpu_replicas` logical CPUs (default: the
+    TF_GLP_CPU_REPLICAS environment variable, which tf_glp.launch sets, else 2)."""
     gpus = tf.config.list_physical_devices("GPU")
     if gpus and cpu_replicas is None:
         return [f"/gpu:{i}" for i in range(len(gpus))]
-    return cpu_replica_devices(2 if cpu_replicas is None else cpu_replicas)
+    if cpu_replicas is None:
+        cpu_replicas = _env_cpu_replicas()
+    return cpu_replica_devices(cpu_replicas)
+
+
+def _env_cpu_replicas() -> int:
+    text = os.environ.get("TF_GLP_CPU_REPLICAS", "2")
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(f"TF_GLP_CPU_REPLICAS must be an integer >= 1, got {text!r}")
+    return count
