@@ -1,0 +1,75 @@
+"""python -m tf_glp.bench compare: a tiny real run writes the report, the
+JSON (whose numbers are the report's) and the plots; a failing concept is
+reported while the others run; bad arguments are clear errors."""
+
+import json
+import os
+import re
+import textwrap
+
+import pytest
+
+from tf_glp.bench import compare
+
+
+def test_tiny_run_writes_report_json_and_plots(tmp_path):
+    out = str(tmp_path / "out")
+    assert compare.main(["--workload", "cnn,lstm", "--replicas", "1,2", "--steps", "3",
+                         "--concepts", "one-device,mirrored-host-reduce,tf_glp-host", "--out", out]) == 0
+    report = open(os.path.join(out, "report.md")).read()
+    results = json.load(open(os.path.join(out, "results.json")))
+    assert sorted(p for p in os.listdir(out) if p.endswith(".png")) == sorted(
+        f"{w}_{k}.png" for w in ("cnn", "lstm") for k in ("throughput", "efficiency", "loss"))
+    assert results["machine"]["cores"] == os.cpu_count() and "tensorflow" in results["machine"]
+    assert len(results["runs"]) == 2 * (1 + 2 + 2)
+    for key, row in results["summary"].items():
+        assert "steps_per_s" in row, (key, row.get("error"))
+        # The report shows the JSON's numbers.
+        line = next(line for line in report.splitlines()
+                    if line.startswith(f"| {row['concept']} | {row['replicas']} x 1 |") and
+                    line in report.split(f"## {row['workload']} ")[1].split("## ")[0])
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[2] == f"{row['steps_per_s']:.2f}" and cells[3] == f"{row['samples_per_s']:.0f}"
+        assert cells[6] == f"{row['final_loss']:.3f}" and cells[7] == f"{row['final_metric']:.3f}"
+    one = results["summary"]["cnn|one-device|1|1"]
+    assert one["scaling_efficiency"] == pytest.approx(1.0)
+    assert "scikit-learn's 8x8 digits" in report and "standard library" in report
+    assert re.search(r"\| tf_glp-host \| 2 x 1 \| [\d.]+ \|", report)
+
+
+def test_failing_concept_does_not_stop_the_others(tmp_path, monkeypatch):
+    (tmp_path / "fragile_workload.py").write_text(textwrap.dedent("""
+        import keras, numpy as np, tensorflow as tf
+
+        def build():
+            if isinstance(tf.distribute.get_strategy(), tf.distribute.experimental.CentralStorageStrategy):
+                raise RuntimeError("this model refuses central storage")
+            rng = np.random.default_rng(0)
+            x, y = rng.random((256, 4), dtype=np.float32), rng.integers(0, 3, 256)
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+            return model, (x, y), (x[:64], y[:64])
+    """))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = str(tmp_path / "out")
+    assert compare.main(["--workload", "fragile_workload:build", "--replicas", "2", "--steps", "3",
+                         "--concepts", "one-device,central-storage", "--out", out]) == 0
+    summary = json.load(open(os.path.join(out, "results.json")))["summary"]
+    failed = summary["fragile_workload:build|central-storage|2|1"]
+    assert failed["failed"] == 1 and "this model refuses central storage" in failed["error"]
+    assert "steps_per_s" in summary["fragile_workload:build|one-device|1|1"]
+    assert "failed: RuntimeError: this model refuses central storage" in open(os.path.join(out, "report.md")).read()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--replicas", "0"], "--replicas must be a comma-separated list of integers >= 1"),
+    (["--steps", "2"], "--steps must be >= 3"),
+    (["--seeds", "0"], "--seeds must be >= 1"),
+    (["--concepts", "one-device,magic"], "unknown concept(s) magic"),
+    (["--workload", "resnet"], "--workload must be cnn, lstm or MODULE:FN, got 'resnet'"),
+    (["--data", "/no/such/folder"], "--data /no/such/folder is not a folder"),
+])
+def test_bad_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        compare.parse_args(argv)
+    assert message in capsys.readouterr().err
