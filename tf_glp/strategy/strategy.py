@@ -242,7 +242,9 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
         the step is skipped and the scale halves. Unlike Keras under
         MirroredStrategy, which looks at the first replica's gradients only,
         an overflow on any replica (or in the sum, or in fp16 compression)
-        skips the step.
+        skips the step. Nothing is chunked here: no update may start before
+        every gradient is known to be finite (explain() still shows the
+        chunk count the other paths use).
         """
         inner = loss_scale_optimizer.inner_optimizer
         if (not self._fuses_update(inner, variables)
