@@ -109,6 +109,8 @@ def apply_with_accumulation(optimizer, grads, variables) -> None:
 
 
 def _accumulate_or_update(optimizer, grads, variables, accumulators, is_update_step, steps, learning_rate):
+    grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+
     def update():
         new_grads = [(g + a) / steps for g, a in zip(grads, accumulators)]
         new_grads = _keras_compat.clip_gradients(optimizer, new_grads)

@@ -32,6 +32,33 @@ def local_components(value) -> list[tf.Tensor]:
     return dense
 
 
+def is_sparse(value) -> bool:
+    """Whether a (distributed) gradient is an IndexedSlices (e.g. Embedding's)."""
+    parts = value.values if isinstance(value, tf.distribute.DistributedValues) else [value]
+    return any(isinstance(part, tf.IndexedSlices) for part in parts)
+
+
+def concat_on_host(parts: Sequence, reduce_op, host_device: str) -> tf.IndexedSlices:
+    """The replicas' IndexedSlices as one, on the host: their rows
+    concatenated in replica order (values divided by N for a mean), as
+    TensorFlow's ReductionToOneDevice does.
+
+    Kept sparse, not summed into a dense tensor: Keras 3's optimizers treat an
+    IndexedSlices gradient slice by slice (Adam squares each slice before
+    duplicates are added), so densifying would change what the model learns
+    compared with one device and with MirroredStrategy.
+    """
+    with tf.device(host_device):
+        slices = [p if isinstance(p, tf.IndexedSlices) else tf.IndexedSlices(
+            tf.reshape(p, [-1, *p.shape[1:]]), tf.range(tf.shape(p)[0]), tf.shape(p, out_type=tf.int64))
+            for p in parts]
+        values = tf.concat([tf.identity(s.values) for s in slices], axis=0)
+        indices = tf.concat([tf.cast(s.indices, tf.int64) for s in slices], axis=0)
+        if reduce_op == tf.distribute.ReduceOp.MEAN:
+            values = values / tf.cast(len(slices), values.dtype)
+        return tf.IndexedSlices(values, indices, slices[0].dense_shape)
+
+
 def byte_sizes(parts_per_value: Sequence[Sequence[tf.Tensor]]) -> list[int]:
     """Bytes of each value (its first replica's tensor), for chunk plans."""
     return [int(parts[0].shape.num_elements() or 0) * parts[0].dtype.size for parts in parts_per_value]
@@ -150,6 +177,7 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
         return self.batch_reduce_implementation(reduce_op, [(per_replica_value, destinations)], options)[0]
 
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
+        sparse = {i for i, (value, _) in enumerate(value_destination_pairs) if is_sparse(value)}
         parts = [local_components(value) for value, _ in value_destination_pairs]
         chunks = self.chunk_plan(byte_sizes(parts)) if self.chunk_plan else [[i] for i in range(len(parts))]
         compression = self.compression if self._gradient_scopes else None
@@ -159,7 +187,12 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
             barrier = [t for i in chunk for t in parts[i]] if len(chunk) > 1 else []
             with tf.control_dependencies(barrier):
                 for i in chunk:
-                    dtype = parts[i][0].dtype
-                    reduced = reduce_on_host(compress(parts[i], compression), reduce_op, dtype, self.host_device)
-                    results[i] = self.broadcast(reduced, value_destination_pairs[i][1])
+                    value, destinations = value_destination_pairs[i]
+                    if i in sparse:
+                        replicas = value.values if isinstance(value, tf.distribute.DistributedValues) else [value]
+                        reduced = concat_on_host(replicas, reduce_op, self.host_device)
+                    else:
+                        dtype = parts[i][0].dtype
+                        reduced = reduce_on_host(compress(parts[i], compression), reduce_op, dtype, self.host_device)
+                    results[i] = self.broadcast(reduced, destinations)
         return results

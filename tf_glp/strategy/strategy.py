@@ -44,6 +44,7 @@ from tf_glp.strategy.cross_device_ops import (
     HostCrossDeviceOps,
     byte_sizes,
     compress,
+    is_sparse,
     local_components,
 )
 
@@ -202,8 +203,9 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
         """Sums the replicas' gradients and applies the optimizer in one fused
         pass per variable on the host (called from the optimizer hook). In
         cross-replica context (the loss-scaled step below) the gradients are
-        already summed host tensors."""
-        if not self._fuses_update(optimizer, variables):
+        already summed host tensors. Sparse gradients (IndexedSlices) go
+        through Keras' own update instead (see concat_on_host)."""
+        if not self._fuses_update(optimizer, variables) or any(is_sparse(g) for g in grads if g is not None):
             return False
         _check_not_xla()
         variables = list(variables)
@@ -249,7 +251,8 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
         inner = loss_scale_optimizer.inner_optimizer
         if (not self._fuses_update(inner, variables)
                 or any(getattr(inner, name, None) is not None for name in ("clipnorm", "clipvalue", "global_clipnorm"))
-                or any(getattr(v, "overwrite_with_gradient", False) for v in variables)):
+                or any(getattr(v, "overwrite_with_gradient", False) for v in variables)
+                or any(is_sparse(g) for g in grads if g is not None)):
             # Keras clips each replica's gradients before the sum, and does
             # not unscale overwrite-with-gradient (float8) variables: keep
             # its own path (with the fused update inside, when it applies).
