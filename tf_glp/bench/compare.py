@@ -232,11 +232,14 @@ def draw(args, summary: dict, results: list[dict], out: str) -> list[str]:
         for key, label, name in (("samples_per_s", "samples/s", "throughput"),
                                  ("scaling_efficiency", "scaling efficiency", "efficiency")):
             figure, axes = plt.subplots(figsize=(6, 4))
+            counts = set()
             for concept in args.concepts:
                 points = sorted((r["replicas"] * r["workers"], r[key]) for r in summary.values()
                                 if r["workload"] == workload and r["concept"] == concept and key in r)
                 if points:
                     axes.plot(*zip(*points), marker="o", label=concept)
+                    counts.update(p[0] for p in points)
+            axes.set_xticks(sorted(counts))
             axes.set_xlabel("replicas")
             axes.set_ylabel(label)
             axes.set_title(f"{workload}: {label}")
