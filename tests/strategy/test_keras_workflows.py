@@ -139,8 +139,8 @@ class TestErrors:
             model.fit(x, y, batch_size=32, epochs=1, verbose=0)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_sparse_gradients_from_embedding_are_summed_not_dropped(optimizer):
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+def test_sparse_gradients_from_embedding_are_summed_not_dropped(optimizer, monkeypatch):
     # Adam too: Keras 3 updates an IndexedSlices gradient slice by slice
     # (it squares each slice before duplicates add up), so tf_glp keeps
     # embedding gradients sparse to learn what Keras learns.
@@ -153,17 +153,24 @@ def test_sparse_gradients_from_embedding_are_summed_not_dropped(optimizer):
         with strategy.scope():
             model = keras.Sequential([keras.Input((6,), dtype="int64"), keras.layers.Embedding(50, 4),
                                       keras.layers.LSTM(8, return_sequences=True), keras.layers.Dense(50)])
-            model.compile(optimizer=keras.optimizers.SGD(0.1) if optimizer == "sgd" else keras.optimizers.Adam(1e-2),
+            model.compile(optimizer={"sgd": lambda: keras.optimizers.SGD(0.1),
+                                     "adam": lambda: keras.optimizers.Adam(1e-2),
+                                     "adamw": lambda: keras.optimizers.AdamW(1e-2, weight_decay=0.1)}[optimizer](),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
         return [w.numpy() for w in model.weights]
 
     reference = train(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
                                                      cross_device_ops=tf.distribute.ReductionToOneDevice()))
-    for update in ("host", "replicas"):
-        ours = train(tf_glp.Strategy(["/cpu:0", "/cpu:1"], update=update, chunking="none"))
+    fused = []
+    original = tf_glp.ops.FusedKerasUpdate.apply
+    monkeypatch.setattr(tf_glp.ops.FusedKerasUpdate, "apply", lambda self, *a, **k: fused.append(1) or original(self, *a, **k))
+    for update in ("replicas", "host"):
+        ours = train(tf_glp.Strategy(["/cpu:0", "/cpu:1"], update=update, chunking=2))
         for a, b in zip(ours, reference):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        # Under update="host" the dense variables still take the fused update.
+        assert bool(fused) == (update == "host")
 
 
 def test_dataset_that_ends_mid_step_trains_on_every_sample():

@@ -59,6 +59,11 @@ def concat_on_host(parts: Sequence, reduce_op, host_device: str) -> tf.IndexedSl
         return tf.IndexedSlices(values, indices, slices[0].dense_shape)
 
 
+def _slice_values(value) -> list[tf.Tensor]:
+    parts = value.values if isinstance(value, tf.distribute.DistributedValues) else [value]
+    return [p.values if isinstance(p, tf.IndexedSlices) else p for p in parts]
+
+
 def byte_sizes(parts_per_value: Sequence[Sequence[tf.Tensor]]) -> list[int]:
     """Bytes of each value (its first replica's tensor), for chunk plans."""
     return [int(parts[0].shape.num_elements() or 0) * parts[0].dtype.size for parts in parts_per_value]
@@ -178,7 +183,10 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
 
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
         sparse = {i for i, (value, _) in enumerate(value_destination_pairs) if is_sparse(value)}
-        parts = [local_components(value) for value, _ in value_destination_pairs]
+        # Sparse values are never densified (see concat_on_host): their rows
+        # stand in for them in chunk sizes and barriers.
+        parts = [_slice_values(value) if i in sparse else local_components(value)
+                 for i, (value, _) in enumerate(value_destination_pairs)]
         chunks = self.chunk_plan(byte_sizes(parts)) if self.chunk_plan else [[i] for i in range(len(parts))]
         compression = self.compression if self._gradient_scopes else None
         results: list = [None] * len(parts)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import time
 
+import keras
 import tensorflow as tf
 
 from tf_glp import _keras_compat
@@ -44,6 +45,7 @@ from tf_glp.strategy.cross_device_ops import (
     HostCrossDeviceOps,
     byte_sizes,
     compress,
+    concat_on_host,
     is_sparse,
     local_components,
 )
@@ -177,6 +179,16 @@ class Strategy(tf.distribute.Strategy):
         return False
 
 
+def _apply_sparse_update(strategy, optimizer, grad: tf.IndexedSlices, variable) -> None:
+    """Keras' weight decay and update_step for one variable, on its host
+    copy: what Keras' own step does with a sparse gradient. (Not
+    compressed: the rows cross to the host as they are.)"""
+    _keras_compat.apply_weight_decay_to_copy(optimizer, [variable])
+    target = variable.value if isinstance(variable, keras.Variable) else variable
+    strategy.extended.update(target, lambda v, g: optimizer.update_step(g, v, optimizer.learning_rate),
+                             args=(grad,), group=False)
+
+
 def _check_not_xla() -> None:
     if _keras_compat.in_xla_context():
         raise ValueError(
@@ -203,9 +215,10 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
         """Sums the replicas' gradients and applies the optimizer in one fused
         pass per variable on the host (called from the optimizer hook). In
         cross-replica context (the loss-scaled step below) the gradients are
-        already summed host tensors. Sparse gradients (IndexedSlices) go
-        through Keras' own update instead (see concat_on_host)."""
-        if not self._fuses_update(optimizer, variables) or any(is_sparse(g) for g in grads if g is not None):
+        already summed host tensors. Sparse gradients (IndexedSlices, e.g.
+        Embedding's) are concatenated on the host and go through Keras' own
+        update_step there, as Keras would run it (see concat_on_host)."""
+        if not self._fuses_update(optimizer, variables):
             return False
         _check_not_xla()
         variables = list(variables)
@@ -213,7 +226,9 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
         compression = self.compression
 
         def merge_fn(strategy, *grads, compressed=True):
-            per_variable = [local_components(g) for g in grads]
+            sparse = [i for i, g in enumerate(grads) if is_sparse(g)]
+            dense = [i for i in range(len(grads)) if i not in sparse]
+            per_variable = [local_components(grads[i]) for i in dense]
             chunks = self.chunking_state.plan(byte_sizes(per_variable))  # planned on uncompressed sizes
             if compressed:
                 per_variable = [compress(parts, compression) for parts in per_variable]
@@ -221,8 +236,12 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
                 for chunk in chunks:
                     barrier = [t for i in chunk for t in per_variable[i]] if len(chunk) > 1 else []
                     with tf.control_dependencies(barrier):
-                        fused.apply([per_variable[i] for i in chunk], [variables[i] for i in chunk],
+                        fused.apply([per_variable[i] for i in chunk], [variables[dense[i]] for i in chunk],
                                     increment_iterations=False)
+                for i in sparse:
+                    replicas = grads[i].values if isinstance(grads[i], tf.distribute.DistributedValues) else [grads[i]]
+                    _apply_sparse_update(strategy, optimizer, concat_on_host(replicas, tf.distribute.ReduceOp.SUM,
+                                                                             HOST_DEVICE), variables[i])
 
         replica_context = tf.distribute.get_replica_context()
         if replica_context is None:
