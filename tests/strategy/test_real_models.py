@@ -48,7 +48,11 @@ ROWS = {
 }
 
 
-def _build(strategy, row, x=None):
+def _small_mlp(logits_dtype=None):
+    return keras.Sequential([keras.Input((12,)), L.Dense(16, activation="relu"), L.Dense(3, dtype=logits_dtype)])
+
+
+def _build(strategy, row):
     layers, optimizer, _ = ROWS[row]
     keras.utils.set_random_seed(7)
     with strategy.scope():
@@ -139,7 +143,7 @@ def test_gradient_accumulation_matches_one_device(update):
         x, y = _data()
         keras.utils.set_random_seed(7)
         with strategy.scope():
-            model = keras.Sequential([keras.Input((12,)), L.Dense(16, activation="relu"), L.Dense(3)])
+            model = _small_mlp()
             model.compile(optimizer=keras.optimizers.Adam(1e-2, gradient_accumulation_steps=3, global_clipnorm=1.0),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
         history = model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history
@@ -163,7 +167,7 @@ def test_ema_overwrite_frequency_matches_one_device(update):
     def train(strategy):
         keras.utils.set_random_seed(7)
         with strategy.scope():
-            model = keras.Sequential([keras.Input((12,)), L.Dense(16, activation="relu"), L.Dense(3)])
+            model = _small_mlp()
             model.compile(optimizer=keras.optimizers.Adam(1e-2, use_ema=True, ema_overwrite_frequency=3),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
@@ -201,7 +205,7 @@ def test_swap_ema_weights_callback(update):
     def train(strategy):
         keras.utils.set_random_seed(7)
         with strategy.scope():
-            model = keras.Sequential([keras.Input((12,)), L.Dense(16, activation="relu"), L.Dense(3)])
+            model = _small_mlp()
             model.compile(optimizer=keras.optimizers.SGD(0.1, use_ema=True),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
         history = model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0, validation_data=(x, y),
@@ -227,7 +231,7 @@ def test_forced_overflow_skips_the_step_and_lowers_the_scale():
         try:
             keras.utils.set_random_seed(7)
             with strategy.scope():
-                model = keras.Sequential([keras.Input((12,)), L.Dense(16, activation="relu"), L.Dense(3)])
+                model = _small_mlp()
                 model.compile(optimizer=keras.optimizers.SGD(0.05),
                               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
             model.fit(x[:32], y[:32], batch_size=32, epochs=1, shuffle=False, verbose=0)
@@ -422,8 +426,7 @@ def test_loss_scaled_host_update_with_compression_trains_like_without(compressio
         try:
             keras.utils.set_random_seed(7)
             with strategy.scope():
-                model = keras.Sequential([keras.Input((12,)), L.Dense(16, activation="relu"),
-                                          L.Dense(3, dtype="float32")])
+                model = _small_mlp(logits_dtype="float32")
                 model.compile(optimizer=keras.optimizers.SGD(0.05),
                               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
             model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
@@ -459,7 +462,7 @@ def test_overflow_on_one_replica_skips_the_step_under_update_host():
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         with glp("host").scope():
-            model = keras.Sequential([keras.Input((12,)), L.Dense(16, activation="relu"), L.Dense(3, dtype="float32")])
+            model = _small_mlp(logits_dtype="float32")
             model.compile(optimizer=keras.optimizers.SGD(0.05),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         before = [w.numpy() for w in model.weights]

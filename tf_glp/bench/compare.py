@@ -244,11 +244,7 @@ def draw(args, summary: dict, results: list[dict], out: str) -> list[str]:
             axes.set_ylabel(label)
             axes.set_title(f"{workload}: {label}")
             axes.legend(fontsize="small")
-            path = os.path.join(out, f"{workload.replace(':', '_')}_{name}.png")
-            figure.tight_layout()
-            figure.savefig(path)
-            plt.close(figure)
-            written.append(os.path.basename(path))
+            written.append(_save(plt, figure, out, f"{workload.replace(':', '_')}_{name}.png"))
         figure, axes = plt.subplots(figsize=(6, 4))
         for entry in results:
             spec, result = entry["spec"], entry["result"]
@@ -258,12 +254,15 @@ def draw(args, summary: dict, results: list[dict], out: str) -> list[str]:
         axes.set_ylabel("training loss (running mean)")
         axes.set_title(f"{workload}: loss")
         axes.legend(fontsize="x-small")
-        path = os.path.join(out, f"{workload.replace(':', '_')}_loss.png")
-        figure.tight_layout()
-        figure.savefig(path)
-        plt.close(figure)
-        written.append(os.path.basename(path))
+        written.append(_save(plt, figure, out, f"{workload.replace(':', '_')}_loss.png"))
     return written
+
+
+def _save(plt, figure, out: str, name: str) -> str:
+    figure.tight_layout()
+    figure.savefig(os.path.join(out, name))
+    plt.close(figure)
+    return name
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,20 +16,11 @@ COMPRESSION_DTYPES = {None: None, "bf16": tf.bfloat16, "fp16": tf.float16}
 
 
 def local_components(value) -> list[tf.Tensor]:
-    """The per-replica tensors of a distributed value; IndexedSlices (sparse
-    gradients, e.g. from Embedding) densified on their own device, so that
-    every row is summed and none is dropped."""
-    if isinstance(value, tf.distribute.DistributedValues):
-        parts = list(value.values)
-    else:
-        parts = [value]
-    dense = []
-    for part in parts:
-        if isinstance(part, tf.IndexedSlices):
-            with tf.device(part.values.device):
-                part = tf.convert_to_tensor(part)
-        dense.append(part)
-    return dense
+    """The per-replica tensors of a distributed value. For a sparse one
+    (IndexedSlices), its rows: they stand in for it in chunk sizes and
+    barriers, and are never densified (see concat_on_host)."""
+    parts = value.values if isinstance(value, tf.distribute.DistributedValues) else [value]
+    return [part.values if isinstance(part, tf.IndexedSlices) else part for part in parts]
 
 
 def is_sparse(value) -> bool:
@@ -57,11 +48,6 @@ def concat_on_host(parts: Sequence, reduce_op, host_device: str) -> tf.IndexedSl
         if reduce_op == tf.distribute.ReduceOp.MEAN:
             values = values / tf.cast(len(slices), values.dtype)
         return tf.IndexedSlices(values, indices, slices[0].dense_shape)
-
-
-def _slice_values(value) -> list[tf.Tensor]:
-    parts = value.values if isinstance(value, tf.distribute.DistributedValues) else [value]
-    return [p.values if isinstance(p, tf.IndexedSlices) else p for p in parts]
 
 
 def byte_sizes(parts_per_value: Sequence[Sequence[tf.Tensor]]) -> list[int]:
@@ -183,10 +169,7 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
 
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
         sparse = {i for i, (value, _) in enumerate(value_destination_pairs) if is_sparse(value)}
-        # Sparse values are never densified (see concat_on_host): their rows
-        # stand in for them in chunk sizes and barriers.
-        parts = [_slice_values(value) if i in sparse else local_components(value)
-                 for i, (value, _) in enumerate(value_destination_pairs)]
+        parts = [local_components(value) for value, _ in value_destination_pairs]
         chunks = self.chunk_plan(byte_sizes(parts)) if self.chunk_plan else [[i] for i in range(len(parts))]
         compression = self.compression if self._gradient_scopes else None
         results: list = [None] * len(parts)
