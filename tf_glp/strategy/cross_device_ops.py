@@ -141,8 +141,16 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
         self.host_device = host_device
         self.compression = compression
         self.chunk_plan = chunk_plan
+        # Set by a multi-worker strategy (multi_worker.py): sums a chunk's
+        # host results across the workers, one collective per chunk.
+        self.across_workers: Callable[[list], list] | None = None
         self._gradient_scopes = 0
         self._lock = threading.Lock()
+
+    @property
+    def _num_between_graph_workers(self) -> int:
+        # CrossDeviceOps shortcuts single-value reductions when this is 1.
+        return self.across_workers.num_workers if self.across_workers else 1
 
     @contextlib.contextmanager
     def reducing_gradients(self):
@@ -172,18 +180,37 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
         parts = [local_components(value) for value, _ in value_destination_pairs]
         chunks = self.chunk_plan(byte_sizes(parts)) if self.chunk_plan else [[i] for i in range(len(parts))]
         compression = self.compression if self._gradient_scopes else None
+        # Across workers, each worker sums its own replicas and the workers'
+        # sums are added: a mean divides once, by every replica of the cluster.
+        local_op = tf.distribute.ReduceOp.SUM if self.across_workers else reduce_op
         results: list = [None] * len(parts)
         for chunk in chunks:
             # A chunk starts once all its inputs exist (one value: no barrier).
             barrier = [t for i in chunk for t in parts[i]] if len(chunk) > 1 else []
+            reduced = {}
             with tf.control_dependencies(barrier):
                 for i in chunk:
-                    value, destinations = value_destination_pairs[i]
+                    value, _ = value_destination_pairs[i]
                     if i in sparse:
                         replicas = value.values if isinstance(value, tf.distribute.DistributedValues) else [value]
-                        reduced = concat_on_host(replicas, reduce_op, self.host_device)
+                        reduced[i] = concat_on_host(replicas, local_op, self.host_device)
                     else:
                         dtype = parts[i][0].dtype
-                        reduced = reduce_on_host(compress(parts[i], compression), reduce_op, dtype, self.host_device)
-                    results[i] = self.broadcast(reduced, destinations)
+                        reduced[i] = reduce_on_host(compress(parts[i], compression), local_op, dtype,
+                                                    self.host_device)
+            if self.across_workers:
+                reduced = dict(zip(chunk, self.across_workers([reduced[i] for i in chunk])))
+                if reduce_op == tf.distribute.ReduceOp.MEAN:
+                    reduced = {i: _divide(r, len(parts[i]) * self.across_workers.num_workers, self.host_device)
+                               for i, r in reduced.items()}
+            for i in chunk:
+                results[i] = self.broadcast(reduced[i], value_destination_pairs[i][1])
         return results
+
+
+def _divide(value, count: int, device: str):
+    with tf.device(device):
+        if isinstance(value, tf.IndexedSlices):
+            return tf.IndexedSlices(value.values / tf.cast(count, value.values.dtype), value.indices,
+                                    value.dense_shape)
+        return value / tf.cast(count, value.dtype)

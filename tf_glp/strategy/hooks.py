@@ -18,7 +18,9 @@ a tf_glp.Strategy:
   on Keras' Trainer itself: Keras treats a Model whose compile differs from
   Trainer.compile as custom and then skips compile when loading it.)
 - TensorFlowTrainer.fit: refuses a global batch that does not divide by the
-  replica count, and decides chunking="auto" (chunking_decision.py).
+  replica count, decides chunking="auto" (chunking_decision.py), and puts
+  tf_glp's BackupAndRestore in place of a plain Keras one (chief-only
+  writes across workers, batch-level resume; callbacks/backup_and_restore.py).
 
 They are installed once, when the first tf_glp.Strategy is created, after
 _keras_compat.require_internals() has checked that the installed Keras still
@@ -31,6 +33,7 @@ import functools
 import inspect
 import threading
 
+import keras
 import tensorflow as tf
 
 from tf_glp import _keras_compat
@@ -153,11 +156,17 @@ def _install_model_hooks() -> None:
             if strategy is None:
                 return original(self, *args, **kwargs)
             bound = fit_signature.bind(self, *args, **kwargs)
-            _check_global_batch(bound.arguments, strategy.num_replicas_in_sync)
+            batch = _global_batch(bound.arguments)
+            _check_global_batch(batch, strategy.num_replicas_in_sync)
+            if strategy.extended._in_multi_worker_mode():  # noqa: SLF001
+                strategy.extended.check_same_on_every_worker(
+                    [batch or 0], "the workers' global batch sizes differ ({low} to {high}; 0: not known before "
+                    "training): every worker must use the same global batch size.")
+            callbacks = [_upgraded(c) for c in bound.arguments.get("callbacks") or []]
             if not chunking_decision.decide_without_measuring(strategy):
-                callbacks = list(bound.arguments.get("callbacks") or [])
                 if not any(isinstance(c, chunking_decision.ChunkingDecision) for c in callbacks):
                     callbacks.append(chunking_decision.ChunkingDecision(strategy))
+            if callbacks:
                 bound.arguments["callbacks"] = callbacks
             return original(*bound.args, **bound.kwargs)
         return fit
@@ -166,15 +175,31 @@ def _install_model_hooks() -> None:
     _wrap(_TF_TRAINER, "fit", fit_wrapper)
 
 
-def _check_global_batch(arguments: dict, replicas: int) -> None:
-    """Each replica must get the same share of every full batch: otherwise
-    Keras' per-replica loss scaling weights samples unequally."""
+def _upgraded(callback):
+    """A plain keras.callbacks.BackupAndRestore becomes tf_glp's, with the
+    same arguments: chief-only writes across workers, batch-level resume,
+    atomic backups (tf_glp/callbacks/backup_and_restore.py)."""
+    from tf_glp.callbacks.backup_and_restore import BackupAndRestore  # noqa: PLC0415 (imports Keras callbacks)
+
+    if type(callback) is keras.callbacks.BackupAndRestore:
+        return BackupAndRestore.from_keras(callback)
+    return callback
+
+
+def _global_batch(arguments: dict) -> int | None:
+    """fit's global batch size, where it can be known before training."""
     x = arguments.get("x")
     batch = arguments.get("batch_size")
     if isinstance(x, tf.data.Dataset):
         batch = _keras_compat.dataset_batch_size(x)
     elif batch is None and (hasattr(x, "shape") or isinstance(x, (list, tuple, dict))):
         batch = 32  # Keras' default batch size for arrays
+    return batch
+
+
+def _check_global_batch(batch: int | None, replicas: int) -> None:
+    """Each replica must get the same share of every full batch: otherwise
+    Keras' per-replica loss scaling weights samples unequally."""
     if batch and batch % replicas:
         raise ValueError(
             f"tf_glp.Strategy: the global batch size {batch} does not divide by the {replicas} replicas, "

@@ -39,7 +39,7 @@ import tensorflow as tf
 from tf_glp import _keras_compat
 from tf_glp.ops import FusedKerasUpdate, host_reduce, supports_fused_update
 from tf_glp.strategy import chunking as chunking_lib
-from tf_glp.strategy import cost_model, devices as devices_lib, hooks, loss_scaling
+from tf_glp.strategy import cost_model, devices as devices_lib, hooks, loss_scaling, multi_worker
 from tf_glp.strategy.host_extended import HostExtended
 from tf_glp.strategy.cross_device_ops import (
     HostCrossDeviceOps,
@@ -80,7 +80,14 @@ class Strategy(tf.distribute.Strategy):
             SGD / Adam / AdamW, no clipping): there the step is skipped and
             the scale lowered.
         cpu_replicas: Number of logical CPU replicas when there are no GPUs
-            (default 2), or to force CPU replicas on a GPU machine.
+            (default 2), or to force CPU replicas on a GPU machine. Per
+            worker when training across workers.
+        cluster_resolver: A tf.distribute.cluster_resolver.ClusterResolver
+            (e.g. SlurmClusterResolver) to train across workers; without
+            it, TF_CONFIG's cluster when that variable is set (as
+            `python -m tf_glp.launch` sets it). Across workers, each
+            worker's host sums its replicas and the workers' sums meet in
+            TensorFlow's collective all-reduce (multi_worker.py).
 
     Raises:
         ValueError: for an unknown update, chunking or compression.
@@ -96,11 +103,20 @@ class Strategy(tf.distribute.Strategy):
         >>> print(strategy.explain())
     """
 
-    def __new__(cls, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None):
+    def __new__(cls, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None,
+                cluster_resolver=None):
         if cls is Strategy:
             if update not in _UPDATES:
                 raise ValueError(f"update must be 'host' or 'replicas', got {update!r}")
-            cls = HostStrategy if update == "host" else ReplicaStrategy
+            if multi_worker.resolve_cluster(cluster_resolver) is not None:
+                if update == "host":
+                    raise ValueError(
+                        "tf_glp.Strategy across workers (TF_CONFIG or cluster_resolver is set) supports "
+                        "update='replicas'; update='host' runs on one machine only for now. "
+                        "Use tf_glp.Strategy(update='replicas').")
+                cls = MultiWorkerReplicaStrategy
+            else:
+                cls = HostStrategy if update == "host" else ReplicaStrategy
         return object.__new__(cls)
 
     # Marks tf_glp strategies for hooks.py (which must not import this module).
@@ -199,7 +215,8 @@ def _check_not_xla() -> None:
 class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
     """tf_glp.Strategy with update="host" (see Strategy)."""
 
-    def __init__(self, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None):
+    def __init__(self, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None,
+                 cluster_resolver=None):
         devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
         # CentralStorageStrategy with per-variable homes (host_extended.py).
         tf.distribute.Strategy.__init__(self, HostExtended(self, devices, HOST_DEVICE))
@@ -305,9 +322,46 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
 class ReplicaStrategy(Strategy, tf.distribute.MirroredStrategy):
     """tf_glp.Strategy with update="replicas" (see Strategy)."""
 
-    def __init__(self, devices=None, *, update: str = "replicas", chunking="auto", compression=None, cpu_replicas=None):
+    def __init__(self, devices=None, *, update: str = "replicas", chunking="auto", compression=None, cpu_replicas=None,
+                 cluster_resolver=None):
         devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
         tf.distribute.MirroredStrategy.__init__(self, devices=devices, cross_device_ops=self._host_ops)
+
+
+class MultiWorkerReplicaStrategy(Strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    """tf_glp.Strategy with update="replicas" across workers (multi_worker.py).
+
+    `devices` / `cpu_replicas` name this worker's replicas; every worker
+    must have the same number."""
+
+    def __init__(self, devices=None, *, update: str = "replicas", chunking="auto", compression=None, cpu_replicas=None,
+                 cluster_resolver=None):
+        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
+        resolver = multi_worker.resolve_cluster(cluster_resolver)
+        tf.distribute.Strategy.__init__(
+            self, multi_worker.CollectiveHostExtended(self, resolver, devices, self._host_ops))
+
+    def reduce(self, reduce_op, value, axis):
+        """tf.distribute's reduce, with the two Keras workarounds that any
+        multi-worker strategy needs under Keras 3.15 (keras-team/keras#20585,
+        still in 3.15; harmless once fixed):
+
+        - `Trainer._maybe_symbolic_build` passes the whole `(x, y,
+          sample_weight)` batch as one value ("Attempt to convert a value
+          (PerReplica...)"): a nested value is reduced leaf by leaf.
+        - `reduce_per_replica` reduces scalar logs with `axis=0` ("Invalid
+          reduction dimension 0 for input with 0 dimensions", tensorflow
+          issue 72388): a scalar has no axis to reduce along, so its mean
+          over the replicas is taken.
+        """
+        if isinstance(value, (tuple, list, dict)):
+            return tf.nest.map_structure(lambda leaf: self.reduce(reduce_op, leaf, axis), value)
+        if value is None:
+            return None
+        if axis is not None and all(getattr(part, "shape", None) is not None and part.shape.rank == 0
+                                    for part in self.experimental_local_results(value)):
+            axis = None
+        return super().reduce(reduce_op, value, axis)
 
 
 def _measure_host_rates(uses_gpus: bool) -> cost_model.HostRates:

@@ -1,0 +1,81 @@
+"""A training job for the multi-worker tests (run by tf_glp.launch, or alone).
+
+    python multi_worker_job.py OUT_DIR [--replicas N] [--kill-at STEP] [--backup DIR] [--width W]
+
+Trains a small model with Dropout and BatchNormalization for 2 epochs of 10
+steps (global batch 32, unshuffled, so every run sees the same data order)
+under tf_glp.Strategy(update="replicas"), then writes OUT_DIR/w{task}.npz:
+trainable weights, optimizer variables, evaluate() and predict() results.
+--kill-at makes worker 1 SIGKILL itself after that global step;
+--backup adds keras.callbacks.BackupAndRestore(DIR, save_freq=3);
+--worker1-width / --worker1-batch start a bad job (worker 1 differs).
+"""
+
+import argparse
+import json
+import os
+import signal
+
+import numpy as np
+
+import tf_glp
+
+parser = argparse.ArgumentParser()
+parser.add_argument("out")
+parser.add_argument("--replicas", type=int, default=None)
+parser.add_argument("--kill-at", type=int, default=0)
+parser.add_argument("--backup", default=None)
+parser.add_argument("--width", type=int, default=16)
+parser.add_argument("--worker1-width", type=int, default=None, help="another model on worker 1 (a bad job)")
+parser.add_argument("--worker1-batch", type=int, default=None, help="another batch size on worker 1 (a bad job)")
+args = parser.parse_args()
+
+strategy = tf_glp.Strategy(update="replicas", cpu_replicas=args.replicas)
+
+import keras  # noqa: E402 (after the Strategy: it configures TensorFlow's devices)
+import tensorflow as tf  # noqa: E402
+
+task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
+width = args.worker1_width if task == 1 and args.worker1_width else args.width
+batch = args.worker1_batch if task == 1 and args.worker1_batch else 32
+rng = np.random.default_rng(0)
+x = rng.normal(size=(320, 8)).astype("float32")
+y = (x[:, :4].sum(1) > x[:, 4:].sum(1)).astype("int32")
+keras.utils.set_random_seed(1)
+with strategy.scope():
+    model = keras.Sequential([
+        keras.Input((8,)),
+        keras.layers.Dense(width, activation="relu"),
+        keras.layers.BatchNormalization(),
+        keras.layers.Dropout(0.2),
+        keras.layers.Dense(2),
+    ])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+
+
+class KillAt(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if task == 1 and int(self.model.optimizer.iterations.numpy()) == args.kill_at:
+            print(f"killing worker {task} after step {args.kill_at}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+callbacks = []
+if args.backup:
+    callbacks.append(keras.callbacks.BackupAndRestore(args.backup, save_freq=3))
+if args.kill_at:
+    callbacks.append(KillAt())
+data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+model.fit(data, epochs=2, verbose=2, callbacks=callbacks)
+evaluation = model.evaluate(data, verbose=0, return_dict=True)
+predictions = model.predict(x[:64], batch_size=32, verbose=0)
+np.savez(os.path.join(args.out, f"w{task}.npz"),
+         steps=model.optimizer.iterations.numpy(),
+         evaluation=np.array([evaluation["loss"], evaluation["accuracy"]]),
+         predictions=predictions,
+         **{f"trainable{i}": v.numpy() for i, v in enumerate(model.trainable_weights)},
+         # Batch statistics are per replica (as under MirroredStrategy): these are the first replica's.
+         **{f"statistics{i}": v.numpy() for i, v in enumerate(model.non_trainable_weights)},
+         **{f"optimizer{i}": v.numpy() for i, v in enumerate(model.optimizer.variables)})
+print("done", evaluation, flush=True)

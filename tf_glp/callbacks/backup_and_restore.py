@@ -1,0 +1,175 @@
+"""BackupAndRestore that loses nothing: Keras' callback, made right for
+tf_glp.Strategy, on one machine and across workers.
+
+Keras 3.15's `keras.callbacks.BackupAndRestore` (kept by its arguments and
+file names) falls short in three ways, each fixed here:
+
+- Every worker writes the same files. Here only the chief writes
+  `backup_dir`; the other workers still take part in the save (a save may
+  read distributed variables, which is collective) but write to a temporary
+  folder that is removed at once.
+- It restores the epoch, not the batch: a job killed in the middle of an
+  epoch trains that epoch's first batches twice. Here the backup records the
+  batches done in its epoch, and the resumed run skips them (the batches
+  are read from the input, so the data order is kept, and not trained on).
+  The resumed epoch's logged metrics then cover the batches trained after
+  the restart.
+- Random-generator state (Dropout's seed generators) is not in Keras'
+  weights files, so a resumed run draws other dropout masks than the
+  uninterrupted one would. Here it is saved with the backup and restored.
+- A process killed while writing leaves a half-written backup. Here the
+  weights go to a new file and the metadata, which names that file, is
+  replaced atomically last; a backup is either the old one or the new one.
+
+tf_glp.Strategy's `fit` puts this class in place of a plain
+`keras.callbacks.BackupAndRestore` with the same arguments, so existing
+scripts need no change. Paths are local (or shared-filesystem) paths.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import tempfile
+
+import keras
+import numpy as np
+
+_METADATA = "training_metadata.json"
+
+
+class BackupAndRestore(keras.callbacks.BackupAndRestore):
+    """`keras.callbacks.BackupAndRestore` with chief-only writes, batch-level
+    resume and atomic backups (see the module docstring).
+
+    Args:
+        backup_dir: Folder for the backup (shared by the workers).
+        save_freq: "epoch" or a number of batches.
+        double_checkpoint: Accepted for compatibility; every backup is
+            already atomic (the previous one stays until the new one is whole).
+        delete_checkpoint: Remove `backup_dir` when training ends.
+
+    Example:
+        >>> model.fit(ds, epochs=3, callbacks=[tf_glp.callbacks.BackupAndRestore("/shared/backup", save_freq=50)])
+    """
+
+    def __init__(self, backup_dir, save_freq="epoch", double_checkpoint=False, delete_checkpoint=True):
+        super().__init__(backup_dir, save_freq=save_freq, double_checkpoint=double_checkpoint,
+                         delete_checkpoint=delete_checkpoint)
+        self._epoch = 0
+        self._batches_done = 0  # in the current epoch
+        self._batches_to_skip = 0  # of the first epoch after a restore
+
+    @classmethod
+    def from_keras(cls, callback: keras.callbacks.BackupAndRestore) -> BackupAndRestore:
+        return cls(callback.backup_dir, save_freq=callback.save_freq, double_checkpoint=callback.double_checkpoint,
+                   delete_checkpoint=callback.delete_checkpoint)
+
+    # -- who writes ----------------------------------------------------------
+    def _writes_backup_dir(self) -> bool:
+        extended = self.model.distribute_strategy.extended
+        return not extended._in_multi_worker_mode() or extended.should_checkpoint  # noqa: SLF001
+
+    # -- restore -------------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        self._load_model()
+
+    def _load_model(self):
+        metadata_path = os.path.join(self.backup_dir, _METADATA)
+        metadata = None
+        if os.path.exists(metadata_path):
+            with open(metadata_path) as f:
+                metadata = json.load(f)
+        if metadata is None or "weights" not in metadata:
+            return super()._load_model()  # nothing saved, or a backup written by Keras' own callback
+        if not self.model.built:
+            return super()._load_model()  # Keras' error for an unbuilt model
+        if self.model.optimizer is not None and not self.model.optimizer.built:
+            self.model.optimizer.build(self.model.trainable_variables)
+        self.model.load_weights(os.path.join(self.backup_dir, metadata["weights"]))
+        state = metadata.get("state_not_in_weights", {})
+        for variable in _state_not_in_weights(self.model):
+            if variable.path in state:
+                variable.assign(np.asarray(state[variable.path], dtype=variable.dtype))
+        self.model._initial_epoch = metadata["epoch"]  # noqa: SLF001 (what Keras' callback sets)
+        self._batches_to_skip = int(metadata.get("batches_done", 0))
+        return None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._batches_done = 0
+        if self._batches_to_skip:
+            self._skip_batches(self._batches_to_skip)
+            self._batches_to_skip = 0
+
+    def _skip_batches(self, count: int) -> None:
+        """The next steps read their batches and do not train: the model
+        continues at the batch after the backup, on the same data order."""
+        model = self.model
+        train_function = model.train_function
+        per_step = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+        steps = [count // per_step]
+        if not steps[0]:
+            return
+
+        def skipped_step(iterator):
+            for _ in range(per_step):
+                next(iterator)
+            steps[0] -= 1
+            if not steps[0]:
+                model.train_function = train_function
+            return {}
+
+        model.train_function = skipped_step
+
+    # -- save ----------------------------------------------------------------
+    def on_train_batch_end(self, batch, logs=None):
+        self._batches_done = batch + 1
+        super().on_train_batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._epoch, self._batches_done = epoch + 1, 0
+        super().on_epoch_end(epoch, logs)
+
+    def _save_model(self):
+        writes = self._writes_backup_dir()
+        folder = self.backup_dir if writes else tempfile.mkdtemp(prefix="tf_glp_backup_")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            name = f"backup-epoch{self._epoch}-batch{self._batches_done}.weights.h5"
+            partial = os.path.join(folder, f"partial-{os.getpid()}.weights.h5")
+            self.model.save_weights(partial, overwrite=True)
+            os.replace(partial, os.path.join(folder, name))
+            _write_atomically(os.path.join(folder, _METADATA),
+                              {"epoch": self._epoch, "batch": self._last_batch_seen,
+                               "batches_done": self._batches_done, "weights": name,
+                               "state_not_in_weights": {v.path: np.asarray(v.numpy()).tolist()
+                                                        for v in _state_not_in_weights(self.model)}})
+            for old in glob.glob(os.path.join(folder, "backup-*.weights.h5")):
+                if os.path.basename(old) != name:
+                    os.remove(old)
+        finally:
+            if not writes:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def on_train_end(self, logs=None):
+        if self.delete_checkpoint and self._writes_backup_dir() and os.path.exists(self.backup_dir):
+            shutil.rmtree(self.backup_dir)
+
+
+def _state_not_in_weights(model) -> list:
+    """The model's variables that Keras' weights files leave out: the seed
+    generators' states (equal on every replica and worker)."""
+    saved = {id(v) for v in model.weights}
+    return [v for v in model.variables if id(v) not in saved]
+
+
+def _write_atomically(path: str, content: dict) -> None:
+    partial = f"{path}.partial-{os.getpid()}"
+    with open(partial, "w") as f:
+        json.dump(content, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
