@@ -57,17 +57,19 @@ def _pump(stream, prefix: str, out, lock: threading.Lock) -> None:
 
 
 def launch(workers: int, command: list[str], cpu_replicas: int | None = None,
-           out=None, err=None, poll_s: float = 0.05) -> int:
-    """Runs `command` as `workers` workers; returns the exit status (see module docstring)."""
+           out=None, err=None, poll_s: float = 0.05, env: dict | None = None) -> int:
+    """Runs `command` as `workers` workers; returns the exit status (see module
+    docstring). `env`: the workers' environment (default: this process's)."""
     out, err = out or sys.stdout, err or sys.stderr
     ports = free_ports(workers)
     lock = threading.Lock()
     processes, pumps = [], []
     for index in range(workers):
-        env = dict(os.environ, TF_CONFIG=tf_config(ports, index), PYTHONUNBUFFERED="1")
+        worker_env = dict(os.environ if env is None else env, TF_CONFIG=tf_config(ports, index),
+                          PYTHONUNBUFFERED="1")
         if cpu_replicas is not None:
-            env["TF_GLP_CPU_REPLICAS"] = str(cpu_replicas)
-        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            worker_env["TF_GLP_CPU_REPLICAS"] = str(cpu_replicas)
+        process = subprocess.Popen(command, env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    start_new_session=True)
         processes.append(process)
         for stream, sink in ((process.stdout, out), (process.stderr, err)):

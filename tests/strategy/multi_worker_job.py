@@ -8,7 +8,8 @@ under tf_glp.Strategy(update="replicas"), then writes OUT_DIR/w{task}.npz:
 trainable weights, optimizer variables, evaluate() and predict() results.
 --kill-at makes worker 1 SIGKILL itself after that global step;
 --backup adds keras.callbacks.BackupAndRestore(DIR, save_freq=3);
---worker1-width / --worker1-batch start a bad job (worker 1 differs).
+--worker1-width / --worker1-batch start a bad job (worker 1 differs);
+--stock runs TensorFlow's MultiWorkerMirroredStrategy (one CPU per worker).
 """
 
 import argparse
@@ -26,11 +27,17 @@ parser.add_argument("--replicas", type=int, default=None)
 parser.add_argument("--kill-at", type=int, default=0)
 parser.add_argument("--backup", default=None)
 parser.add_argument("--width", type=int, default=16)
+parser.add_argument("--stock", action="store_true", help="tf.distribute.MultiWorkerMirroredStrategy instead")
 parser.add_argument("--worker1-width", type=int, default=None, help="another model on worker 1 (a bad job)")
 parser.add_argument("--worker1-batch", type=int, default=None, help="another batch size on worker 1 (a bad job)")
 args = parser.parse_args()
 
-strategy = tf_glp.Strategy(update="replicas", cpu_replicas=args.replicas)
+if args.stock:
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+else:
+    strategy = tf_glp.Strategy(update="replicas", cpu_replicas=args.replicas)
 
 import keras  # noqa: E402 (after the Strategy: it configures TensorFlow's devices)
 import tensorflow as tf  # noqa: E402

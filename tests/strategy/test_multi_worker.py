@@ -1,0 +1,202 @@
+"""tf_glp.Strategy across workers: 2 local worker processes on 127.0.0.1,
+started by tf_glp.launch, running tests/strategy/multi_worker_job.py.
+
+- 2 workers x 2 logical CPU replicas train like one process with 4 replicas
+  (same global batch and data order) and hold bitwise identical variables;
+- a worker killed mid-epoch, then the job restarted with BackupAndRestore,
+  ends bitwise where the uninterrupted job ends;
+- bad configurations fail within a bounded time with a message naming the
+  problem.
+"""
+
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tf_glp import launch
+from tf_glp.strategy import multi_worker
+
+JOB = str(Path(__file__).with_name("multi_worker_job.py"))
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", **extra)
+    return env
+
+
+def _launch(out_dir, *args, workers=2, replicas=2, env=None):
+    """Runs the job on `workers` local workers; returns (status, output)."""
+    out = io.StringIO()
+    status = launch.launch(workers, [sys.executable, JOB, str(out_dir), *args], cpu_replicas=replicas,
+                           out=out, err=out, env=env or _env())
+    return status, out.getvalue()
+
+
+def _load(path):
+    with np.load(path) as data:
+        return {k: data[k] for k in data.files}
+
+
+def _keys(result, prefix):
+    return sorted((k for k in result if k.startswith(prefix)), key=lambda k: int(k[len(prefix):]))
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    out = tmp_path_factory.mktemp("two_workers")
+    status, output = _launch(out)
+    assert status == 0, output
+    return [_load(out / f"w{i}.npz") for i in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    out = tmp_path_factory.mktemp("one_process")
+    done = subprocess.run([sys.executable, JOB, str(out), "--replicas", "4"], env=_env(), capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _load(out / "w0.npz")
+
+
+def test_two_workers_train_like_one_process_with_four_replicas(two_workers, one_process):
+    chief = two_workers[0]
+    assert int(chief["steps"]) == int(one_process["steps"]) == 20
+    for prefix in ("trainable", "optimizer", "statistics"):
+        keys = _keys(chief, prefix)
+        assert keys and keys == _keys(one_process, prefix)
+        for key in keys:
+            np.testing.assert_allclose(chief[key], one_process[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    np.testing.assert_allclose(chief["evaluation"], one_process["evaluation"], rtol=1e-5)
+    np.testing.assert_allclose(chief["predictions"], one_process["predictions"], rtol=1e-4, atol=1e-5)
+
+
+def test_workers_hold_bitwise_identical_variables(two_workers):
+    chief, other = two_workers
+    for prefix in ("trainable", "optimizer"):
+        for key in _keys(chief, prefix):
+            np.testing.assert_array_equal(chief[key], other[key], err_msg=key)
+    # evaluate() and predict() gather every worker's share: both see the same.
+    np.testing.assert_array_equal(chief["evaluation"], other["evaluation"])
+    np.testing.assert_array_equal(chief["predictions"], other["predictions"])
+
+
+def test_killed_worker_resumes_from_the_backup_and_ends_where_the_uninterrupted_run_ends(tmp_path, two_workers):
+    backup, scratch = tmp_path / "backup", tmp_path / "tmp"
+    scratch.mkdir()
+    env = _env(TMPDIR=str(scratch))
+    status, output = _launch(tmp_path, "--backup", str(backup), "--kill-at", "14", env=env)
+    assert status == -9, output
+    assert "killing worker 1 after step 14" in output and "[launch] worker 1 exited with status -9" in output
+    metadata = json.loads((backup / "training_metadata.json").read_text())
+    assert (metadata["epoch"], metadata["batches_done"]) == (1, 2)  # saved every 3 batches: after step 12
+    assert sorted(p.name for p in backup.iterdir()) == sorted(["training_metadata.json", metadata["weights"]])
+    assert not list(scratch.iterdir())  # worker 1's save went to a temporary folder, now removed
+
+    status, output = _launch(tmp_path, "--backup", str(backup), env=env)
+    assert status == 0, output
+    assert not backup.exists()  # removed by the chief when training ended
+    resumed = [_load(tmp_path / f"w{i}.npz") for i in (0, 1)]
+    for worker, result in enumerate(resumed):
+        assert int(result["steps"]) == 20
+        for prefix in ("trainable", "optimizer"):
+            for key in _keys(result, prefix):
+                np.testing.assert_array_equal(result[key], two_workers[worker][key], err_msg=f"worker {worker} {key}")
+    # Batch statistics are per replica; a backup holds the first replica's
+    # (as under MirroredStrategy), so only the chief's first replica resumes
+    # exactly.
+    for key in _keys(resumed[0], "statistics"):
+        np.testing.assert_array_equal(resumed[0][key], two_workers[0][key], err_msg=key)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--worker1-width", "17"], "the workers create variable 'kernel' with different shapes or dtypes"),
+    (["--worker1-batch", "64"], "the workers' global batch sizes differ (32 to 64"),
+])
+def test_workers_started_differently_fail_with_a_clear_error(tmp_path, args, message):
+    start = time.monotonic()
+    status, output = _launch(tmp_path, *args)
+    assert status == 1, output
+    assert message in output
+    assert time.monotonic() - start < 120
+
+
+def test_stock_multi_worker_mirrored_strategy_still_needs_the_keras_workarounds(tmp_path):
+    # Keras 3.15 (keras-team/keras#20585): if this starts passing, Keras fixed
+    # both bugs and MultiWorkerReplicaStrategy.reduce's workarounds can go.
+    status, output = _launch(tmp_path, "--stock", replicas=None)
+    assert status != 0
+    assert ("Attempt to convert a value (PerReplica" in output
+            or "Invalid reduction dimension 0 for input with 0 dimensions" in output), output[-3000:]
+
+
+def _run_strategy(tf_config, timeout_s=3):
+    code = ("import tf_glp\n"
+            "tf_glp.Strategy(update='replicas', cpu_replicas=1)\n"
+            "print('started')\n")
+    return subprocess.run([sys.executable, "-c", code], env=_env(TF_CONFIG=json.dumps(tf_config),
+                                                                  TF_GLP_CLUSTER_TIMEOUT=str(timeout_s)),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_worker_that_never_comes_is_named_within_the_timeout():
+    ports = launch.free_ports(2)
+    config = json.loads(launch.tf_config(ports, 0))
+    start = time.monotonic()
+    done = _run_strategy(config)
+    assert done.returncode == -9  # stopped by the start-up watchdog
+    assert (f"the cluster did not start within 3 s (TF_GLP_CLUSTER_TIMEOUT): no worker answers at "
+            f"127.0.0.1:{ports[1]}") in done.stderr
+    assert time.monotonic() - start < 60
+
+
+def test_a_port_in_use_is_named():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = _run_strategy({"cluster": {"worker": [f"127.0.0.1:{port}"]}, "task": {"type": "worker", "index": 0}})
+    assert done.returncode == 1
+    assert f"this worker's address 127.0.0.1:{port}" in done.stderr and "cannot be bound" in done.stderr
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "TF_CONFIG is not valid JSON"),
+    ('{"task": {"type": "worker", "index": 0}}', "must be a JSON object with a 'cluster' object"),
+    ('{"cluster": {"ps": ["h:1"]}, "task": {"type": "ps", "index": 0}}', "has no 'worker' or 'chief' job"),
+    ('{"cluster": {"worker": []}, "task": {"type": "worker", "index": 0}}', "must be a non-empty list"),
+    ('{"cluster": {"worker": ["localhost"]}, "task": {"type": "worker", "index": 0}}', "is not 'host:port'"),
+    ('{"cluster": {"worker": ["h:70000"]}, "task": {"type": "worker", "index": 0}}', "is not 'host:port'"),
+    ('{"cluster": {"worker": ["h:1"]}}', "must have a 'task' with 'type' and 'index'"),
+    ('{"cluster": {"worker": ["h:1"]}, "task": {"type": "chief", "index": 0}}', "is not a job of the cluster"),
+    ('{"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 1}}', "index 1 is out of range"),
+])
+def test_malformed_tf_config_is_named(monkeypatch, text, message):
+    monkeypatch.setenv("TF_CONFIG", text)
+    import tf_glp
+
+    with pytest.raises(ValueError) as error:
+        tf_glp.Strategy(update="replicas")
+    assert message in str(error.value)
+
+
+def test_update_host_across_workers_says_what_works(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", launch.tf_config([1234, 1235], 0))
+    import tf_glp
+
+    with pytest.raises(ValueError, match="update='replicas'"):
+        tf_glp.Strategy()
+
+
+def test_cluster_timeout_must_be_positive(monkeypatch):
+    monkeypatch.setenv("TF_GLP_CLUSTER_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="TF_GLP_CLUSTER_TIMEOUT must be a number of seconds > 0, got 'soon'"):
+        multi_worker.cluster_timeout_s()
