@@ -1,10 +1,10 @@
 """A training job for the multi-worker tests (run by tf_glp.launch, or alone).
 
-    python multi_worker_job.py OUT_DIR [--replicas N] [--kill-at STEP] [--backup DIR] [--width W]
+    python multi_worker_job.py OUT_DIR [--update host|replicas] [--replicas N] [--kill-at STEP] [--backup DIR]
 
 Trains a small model with Dropout and BatchNormalization for 2 epochs of 10
 steps (global batch 32, unshuffled, so every run sees the same data order)
-under tf_glp.Strategy(update="replicas"), then writes OUT_DIR/w{task}.npz:
+under tf_glp.Strategy(update=--update, default "replicas"), then writes OUT_DIR/w{task}.npz:
 trainable weights, optimizer variables, evaluate() and predict() results.
 --kill-at makes worker 1 SIGKILL itself after that global step;
 --backup adds keras.callbacks.BackupAndRestore(DIR, save_freq=3);
@@ -24,6 +24,7 @@ import tf_glp
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
 parser.add_argument("--replicas", type=int, default=None)
+parser.add_argument("--update", default="replicas", choices=["host", "replicas"])
 parser.add_argument("--kill-at", type=int, default=0)
 parser.add_argument("--backup", default=None)
 parser.add_argument("--width", type=int, default=16)
@@ -37,7 +38,7 @@ if args.stock:
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
 else:
-    strategy = tf_glp.Strategy(update="replicas", cpu_replicas=args.replicas)
+    strategy = tf_glp.Strategy(update=args.update, cpu_replicas=args.replicas)
 
 import keras  # noqa: E402 (after the Strategy: it configures TensorFlow's devices)
 import tensorflow as tf  # noqa: E402
@@ -85,4 +86,4 @@ np.savez(os.path.join(args.out, f"w{task}.npz"),
          # Batch statistics are per replica (as under MirroredStrategy): these are the first replica's.
          **{f"statistics{i}": v.numpy() for i, v in enumerate(model.non_trainable_weights)},
          **{f"optimizer{i}": v.numpy() for i, v in enumerate(model.optimizer.variables)})
-print("done", evaluation, flush=True)
+print("done", type(strategy).__name__, type(model.trainable_weights[0].value).__name__, evaluation, flush=True)

@@ -72,6 +72,15 @@ def variable_home(kwargs: dict) -> Home:
     return Home.HOST
 
 
+def host_variable_arguments(kwargs: dict) -> dict:
+    """The creation arguments of a host variable: slots written from the
+    replicas (EMA averages) take the first replica's value; slots written by
+    the host update are unaffected."""
+    if kwargs.get("colocate_with") is not None and kwargs.get("aggregation") in (None, _AGGREGATION.NONE):
+        return dict(kwargs, aggregation=_AGGREGATION.ONLY_FIRST_REPLICA)
+    return kwargs
+
+
 class HostExtended(parameter_server_strategy.ParameterServerStrategyExtended):
     """CentralStorageStrategy's extended object with per-variable homes.
 
@@ -90,11 +99,7 @@ class HostExtended(parameter_server_strategy.ParameterServerStrategyExtended):
     def _create_variable(self, next_creator, **kwargs):
         if variable_home(kwargs) is Home.REPLICAS:
             return mirrored_strategy.MirroredExtended._create_variable(self, next_creator, **kwargs)
-        if kwargs.get("colocate_with") is not None and kwargs.get("aggregation") in (None, _AGGREGATION.NONE):
-            # Slots written from the replicas (EMA averages) take the first
-            # replica's value; slots written by the host update are unaffected.
-            kwargs["aggregation"] = _AGGREGATION.ONLY_FIRST_REPLICA
-        return super()._create_variable(next_creator, **kwargs)
+        return super()._create_variable(next_creator, **host_variable_arguments(kwargs))
 
     def _validate_colocate_with_variable(self, colocate_with_variable):
         if isinstance(colocate_with_variable, values_lib.DistributedVariable):

@@ -109,12 +109,7 @@ class Strategy(tf.distribute.Strategy):
             if update not in _UPDATES:
                 raise ValueError(f"update must be 'host' or 'replicas', got {update!r}")
             if multi_worker.resolve_cluster(cluster_resolver) is not None:
-                if update == "host":
-                    raise ValueError(
-                        "tf_glp.Strategy across workers (TF_CONFIG or cluster_resolver is set) supports "
-                        "update='replicas'; update='host' runs on one machine only for now. "
-                        "Use tf_glp.Strategy(update='replicas').")
-                cls = MultiWorkerReplicaStrategy
+                cls = MultiWorkerHostStrategy if update == "host" else MultiWorkerReplicaStrategy
             else:
                 cls = HostStrategy if update == "host" else ReplicaStrategy
         return object.__new__(cls)
@@ -212,16 +207,11 @@ def _check_not_xla() -> None:
             "host ops outside XLA. Compile the model with jit_compile=False.")
 
 
-class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
-    """tf_glp.Strategy with update="host" (see Strategy)."""
-
-    def __init__(self, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None,
-                 cluster_resolver=None):
-        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
-        # CentralStorageStrategy with per-variable homes (host_extended.py).
-        tf.distribute.Strategy.__init__(self, HostExtended(self, devices, HOST_DEVICE))
-        # The host reductions (metrics, losses, optimizers without a fused update).
-        _keras_compat.set_cross_device_ops(self.extended, self._host_ops)
+class _HostUpdate:
+    """The optimizer step on the host (update="host", one machine or across
+    workers). Across workers each chunk's local sum first crosses the workers
+    (one collective per chunk); the same update then runs on every worker's
+    host."""
 
     def _fuses_update(self, optimizer, variables) -> bool:
         if not supports_fused_update(optimizer, update_step_only=True)[0]:
@@ -242,29 +232,40 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
         fused = FusedKerasUpdate(optimizer, update_step_only=True)
         compression = self.compression
 
-        def merge_fn(strategy, *grads, compressed=True):
+        host = self._host_ops.host_device
+        across = self._host_ops.across_workers
+
+        def merge_fn(strategy, *grads, summed=False):
             sparse = [i for i, g in enumerate(grads) if is_sparse(g)]
             dense = [i for i in range(len(grads)) if i not in sparse]
             per_variable = [local_components(grads[i]) for i in dense]
             chunks = self.chunking_state.plan(byte_sizes(per_variable))  # planned on uncompressed sizes
-            if compressed:
+            if not summed:
                 per_variable = [compress(parts, compression) for parts in per_variable]
-            with tf.device(HOST_DEVICE):
+            with tf.device(host):
                 for chunk in chunks:
                     barrier = [t for i in chunk for t in per_variable[i]] if len(chunk) > 1 else []
                     with tf.control_dependencies(barrier):
-                        fused.apply([per_variable[i] for i in chunk], [variables[dense[i]] for i in chunk],
-                                    increment_iterations=False)
+                        parts = [per_variable[i] for i in chunk]
+                        if across and not summed:
+                            # This worker's sum, then every worker's: one
+                            # collective for the chunk.
+                            parts = [[total] for total in across(
+                                [host_reduce(p, output_dtype=tf.float32) for p in parts])]
+                        fused.apply(parts, [variables[dense[i]] for i in chunk], increment_iterations=False)
                 for i in sparse:
                     replicas = grads[i].values if isinstance(grads[i], tf.distribute.DistributedValues) else [grads[i]]
-                    _apply_sparse_update(strategy, optimizer, concat_on_host(replicas, tf.distribute.ReduceOp.SUM,
-                                                                             HOST_DEVICE), variables[i])
+                    rows = concat_on_host(replicas, tf.distribute.ReduceOp.SUM, host)
+                    if across and not summed:
+                        rows = across([rows])[0]
+                    _apply_sparse_update(strategy, optimizer, rows, variables[i])
 
         replica_context = tf.distribute.get_replica_context()
         if replica_context is None:
-            # Host tensors already summed (and, if compressed, already
-            # crossed in 16 bits): update in float32, no second rounding.
-            merge_fn(self, *grads, compressed=False)
+            # Host tensors already summed (across workers too, and if
+            # compressed, already crossed in 16 bits): update in float32,
+            # no second rounding.
+            merge_fn(self, *grads, summed=True)
         else:
             replica_context.merge_call(merge_fn, args=tuple(grads))
         return True
@@ -297,20 +298,22 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
         variables = list(variables)
         compression = self.compression
 
+        across = self._host_ops.across_workers
+
         def merge_fn(strategy, *grads):
             scale = tf.convert_to_tensor(loss_scale_optimizer.dynamic_scale.value)
-            summed, finite = [], []
-            with tf.device(HOST_DEVICE):
-                for grad in grads:
-                    if grad is None:  # Keras' apply skips variables without gradients
-                        summed.append(None)
-                        continue
-                    # An fp16 overflow becomes inf and skips the step, as
-                    # loss scaling intends, instead of raising.
-                    parts = compress(local_components(grad), compression, overflow="propagate")
-                    total, all_finite = host_reduce(parts, output_dtype=tf.float32, divisor=scale,
+            summed, finite = [None] * len(grads), []
+            present = [i for i, grad in enumerate(grads) if grad is not None]  # Keras skips the others
+            with tf.device(self._host_ops.host_device):
+                # An fp16 overflow becomes inf and skips the step, as loss
+                # scaling intends, instead of raising.
+                parts = [compress(local_components(grads[i]), compression, overflow="propagate") for i in present]
+                if across:  # this worker's sums, then every worker's (one collective)
+                    parts = [[total] for total in across([host_reduce(p, output_dtype=tf.float32) for p in parts])]
+                for i, grad_parts in zip(present, parts):
+                    total, all_finite = host_reduce(grad_parts, output_dtype=tf.float32, divisor=scale,
                                                     return_all_finite=True)
-                    summed.append(total)
+                    summed[i] = total
                     finite.append(all_finite)
                 step_is_finite = tf.reduce_all(tf.stack(finite)) if finite else tf.constant(True)
             loss_scaling.finish_step(loss_scale_optimizer, step_is_finite, summed, variables)
@@ -318,6 +321,18 @@ class HostStrategy(Strategy, tf.distribute.experimental.CentralStorageStrategy):
         tf.distribute.get_replica_context().merge_call(merge_fn, args=tuple(grads))
         return True
 
+
+
+class HostStrategy(_HostUpdate, Strategy, tf.distribute.experimental.CentralStorageStrategy):
+    """tf_glp.Strategy with update="host" (see Strategy)."""
+
+    def __init__(self, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None,
+                 cluster_resolver=None):
+        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
+        # CentralStorageStrategy with per-variable homes (host_extended.py).
+        tf.distribute.Strategy.__init__(self, HostExtended(self, devices, HOST_DEVICE))
+        # The host reductions (metrics, losses, optimizers without a fused update).
+        _keras_compat.set_cross_device_ops(self.extended, self._host_ops)
 
 class ReplicaStrategy(Strategy, tf.distribute.MirroredStrategy):
     """tf_glp.Strategy with update="replicas" (see Strategy)."""
@@ -328,23 +343,11 @@ class ReplicaStrategy(Strategy, tf.distribute.MirroredStrategy):
         tf.distribute.MirroredStrategy.__init__(self, devices=devices, cross_device_ops=self._host_ops)
 
 
-class MultiWorkerReplicaStrategy(Strategy, tf.distribute.MultiWorkerMirroredStrategy):
-    """tf_glp.Strategy with update="replicas" across workers (multi_worker.py).
-
-    `devices` / `cpu_replicas` name this worker's replicas; every worker
-    must have the same number."""
-
-    def __init__(self, devices=None, *, update: str = "replicas", chunking="auto", compression=None, cpu_replicas=None,
-                 cluster_resolver=None):
-        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
-        resolver = multi_worker.resolve_cluster(cluster_resolver)
-        tf.distribute.Strategy.__init__(
-            self, multi_worker.CollectiveHostExtended(self, resolver, devices, self._host_ops))
-
+class _MultiWorkerKerasFixes:
     def reduce(self, reduce_op, value, axis):
         """tf.distribute's reduce, with the two Keras workarounds that any
         multi-worker strategy needs under Keras 3.15 (keras-team/keras#20585,
-        still in 3.15; harmless once fixed):
+        still in 3.15; harmless once fixed; a test says when they can go):
 
         - `Trainer._maybe_symbolic_build` passes the whole `(x, y,
           sample_weight)` batch as one value ("Attempt to convert a value
@@ -362,6 +365,34 @@ class MultiWorkerReplicaStrategy(Strategy, tf.distribute.MultiWorkerMirroredStra
                                     for part in self.experimental_local_results(value)):
             axis = None
         return super().reduce(reduce_op, value, axis)
+
+
+class MultiWorkerReplicaStrategy(_MultiWorkerKerasFixes, Strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    """tf_glp.Strategy with update="replicas" across workers (multi_worker.py).
+
+    `devices` / `cpu_replicas` name this worker's replicas; every worker
+    must have the same number."""
+
+    _extended_class = multi_worker.CollectiveHostExtended
+
+    def __init__(self, devices=None, *, update: str = "replicas", chunking="auto", compression=None, cpu_replicas=None,
+                 cluster_resolver=None):
+        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
+        resolver = multi_worker.resolve_cluster(cluster_resolver)
+        tf.distribute.Strategy.__init__(self, self._extended_class(self, resolver, devices, self._host_ops))
+
+
+class MultiWorkerHostStrategy(_HostUpdate, MultiWorkerReplicaStrategy):
+    """tf_glp.Strategy with update="host" across workers (multi_worker.py):
+    every worker's host holds the weights and optimizer state and applies
+    the same update from the cross-worker sums."""
+
+    _extended_class = multi_worker.MultiWorkerHostExtended
+
+    def __init__(self, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None,
+                 cluster_resolver=None):
+        super().__init__(devices, update=update, chunking=chunking, compression=compression,
+                         cpu_replicas=cpu_replicas, cluster_resolver=cluster_resolver)
 
 
 def _measure_host_rates(uses_gpus: bool) -> cost_model.HostRates:
