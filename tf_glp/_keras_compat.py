@@ -8,10 +8,11 @@ instance-level ones (an optimizer's slot lists) built from real Keras
 objects; `require_internals()`, called when the first tf_glp.Strategy is
 created, raises instead of letting tf_glp run half-patched.
 
-Not here: host_extended.py subclasses TensorFlow's private strategy
-extended classes (ParameterServerStrategyExtended, MirroredExtended); the
-methods it overrides or borrows are listed in INTERNALS too, and
-tests/strategy/test_real_models.py checks their behaviour.
+Not here: host_extended.py and multi_worker.py subclass TensorFlow's private
+strategy extended classes (ParameterServerStrategyExtended, MirroredExtended,
+CollectiveAllReduceExtended); the methods they override or borrow are listed
+in INTERNALS too, and tests/strategy/test_real_models.py and
+tests/strategy/test_multi_worker.py check their behaviour.
 """
 
 from __future__ import annotations
@@ -62,6 +63,22 @@ INTERNALS = {
         "overridden (host_extended.py)",
     ("tensorflow.python.distribute.parameter_server_strategy", "ParameterServerStrategyExtended",
      "value_container"): "overridden (host_extended.py)",
+    ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
+     "_initialize_local_devices"): "overridden: tf_glp's replicas on each worker (multi_worker.py)",
+    ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
+     "_get_variable_creator_initial_value"): "overridden: initial values checked, then the chief's (multi_worker.py)",
+    ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
+     "_gather_to_implementation"): "overridden: gathers stay TensorFlow's (multi_worker.py)",
+    ("tensorflow.python.distribute.mirrored_strategy", "MirroredExtended", "_broadcast_to"):
+        "overridden: host variables as destinations (multi_worker.py)",
+    ("tensorflow.python.distribute.parameter_server_strategy", "ParameterServerStrategyExtended",
+     "_create_var_creator"): "borrowed: host variables across workers (multi_worker.py)",
+    ("tensorflow.python.distribute.parameter_server_strategy", "ParameterServerStrategyExtended",
+     "_select_single_value"): "borrowed: host updates across workers (multi_worker.py)",
+    ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "_maybe_symbolic_build"):
+        "its multi-worker bug is worked around in MultiWorker*Strategy.reduce (strategy.py)",
+    ("keras.src.callbacks.backup_and_restore", "BackupAndRestore", "_should_save_on_batch"):
+        "subclassed: tf_glp.callbacks.BackupAndRestore",
     ("tensorflow.python.distribute.ps_values", "AggregatingVariable", "get"):
         "a host variable's one copy (apply_gradients.py)",
 }

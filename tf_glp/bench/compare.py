@@ -26,9 +26,9 @@ import subprocess
 import sys
 import time
 
-from tf_glp.bench.run_concept import CONCEPTS
+from tf_glp.bench.run_concept import CONCEPTS, MULTI_WORKER_CONCEPTS
 
-DEFAULT_CONCEPTS = [c for c in CONCEPTS if c != "multi-worker-mirrored"]
+DEFAULT_CONCEPTS = [c for c in CONCEPTS if c not in MULTI_WORKER_CONCEPTS]
 
 
 def _int_list(text: str, name: str) -> list[int]:
@@ -82,7 +82,7 @@ def _runs(args) -> list[dict]:
         target = args.target_accuracy if workload != "lstm" else args.target_perplexity
         for concept in args.concepts:
             single = CONCEPTS[concept][1]
-            if concept == "multi-worker-mirrored":
+            if concept in MULTI_WORKER_CONCEPTS:
                 continue
             for replicas in ([1] if single else args.replicas):
                 for seed in range(args.seeds):
@@ -91,11 +91,12 @@ def _runs(args) -> list[dict]:
                                  "batch_per_replica": args.batch_per_replica, "data": args.data,
                                  "synthetic": args.synthetic, "target": target})
         for workers in args.workers or []:
-            for seed in range(args.seeds):
-                runs.append({"workload": workload, "concept": "multi-worker-mirrored", "replicas": 1, "workers": workers,
-                             "seed": seed, "steps": args.steps, "warmup_steps": max(1, min(10, args.steps // 5)),
-                             "batch_per_replica": args.batch_per_replica, "data": args.data,
-                             "synthetic": args.synthetic, "target": target})
+            for concept in MULTI_WORKER_CONCEPTS:
+                for seed in range(args.seeds):
+                    runs.append({"workload": workload, "concept": concept, "replicas": 1, "workers": workers,
+                                 "seed": seed, "steps": args.steps, "warmup_steps": max(1, min(10, args.steps // 5)),
+                                 "batch_per_replica": args.batch_per_replica, "data": args.data,
+                                 "synthetic": args.synthetic, "target": target})
     return runs
 
 

@@ -32,7 +32,11 @@ CONCEPTS = {
     "tf_glp-host": ("tf_glp.Strategy(update='host'): host sums and applies the optimizer once", False),
     "tf_glp-replicas": ("tf_glp.Strategy(update='replicas'): host sums, replicas apply", False),
     "multi-worker-mirrored": ("multi-worker all-reduce: MultiWorkerMirroredStrategy, local workers", False),
+    "tf_glp-multi-worker": ("tf_glp.Strategy(update='host') across local workers: host sums per worker, "
+                            "collective all-reduce between workers", False),
 }
+# Run only with --workers, one replica per worker (started by tf_glp.launch).
+MULTI_WORKER_CONCEPTS = ("multi-worker-mirrored", "tf_glp-multi-worker")
 
 
 def _strategy(concept: str, devices: list[str]):
@@ -48,7 +52,7 @@ def _strategy(concept: str, devices: list[str]):
         return tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice("/cpu:0"))
     if concept == "central-storage":
         return tf.distribute.experimental.CentralStorageStrategy(devices, parameter_device="/cpu:0")
-    if concept == "tf_glp-host":
+    if concept in ("tf_glp-host", "tf_glp-multi-worker"):  # multi-worker when TF_CONFIG is set
         return tf_glp.Strategy(devices, update="host")
     if concept == "tf_glp-replicas":
         return tf_glp.Strategy(devices, update="replicas")
@@ -75,7 +79,7 @@ def run(spec: dict) -> dict:
 
     strategy = _strategy(spec["concept"], devices)
     workload = workloads.load(spec["workload"], spec.get("data"), spec.get("synthetic", False), spec["seed"])
-    global_batch = spec["batch_per_replica"] * strategy.num_replicas_in_sync * spec.get("workers", 1)
+    global_batch = spec["batch_per_replica"] * strategy.num_replicas_in_sync  # across workers, too
     keras.utils.set_random_seed(spec["seed"])
     with strategy.scope():
         model = workload.build()

@@ -1,0 +1,155 @@
+"""Multi-worker tf_glp.Strategy next to one process, on local workers.
+
+    python benchmarks/multi_worker.py                  # print the table
+    python benchmarks/multi_worker.py --write-results  # and append to RESULTS.md
+
+Trains the same MLP (784-1024-1024-10, Adam, global batch 256, synthetic
+data) in these configurations, each in its own processes:
+
+- one process, tf_glp.Strategy with 2 logical CPU replicas (update="host"
+  and "replicas");
+- 1 worker and 2 workers started by tf_glp.launch on 127.0.0.1, each with
+  2 / 1 logical CPU replicas (2 replicas in all), tf_glp.Strategy across
+  workers (update="host" and "replicas");
+- 2 workers of TensorFlow's MultiWorkerMirroredStrategy (one CPU each):
+  stock, which fails under Keras 3.15 (the error is reported), and with
+  the two Keras workarounds tf_glp applies (tf_glp.strategy.strategy's
+  _MultiWorkerKerasFixes), so that it trains.
+
+Reported per configuration: the first epoch (the user's start-up: server,
+variable broadcast, tracing, the first steps) and steady-state steps/s after
+it, both from the chief. On this 2-core machine the workers share the same
+cores: the numbers show what crossing processes costs (gRPC ring vs shared
+memory), not what more machines gain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+from results_file import append_section
+
+from tf_glp import launch
+
+GLOBAL_BATCH = 256
+STEPS_PER_EPOCH = 20
+EPOCHS = 3  # the first is start-up, the other two steady state
+
+CONFIGS = [
+    # (label, workers started by tf_glp.launch (0: one plain process), replicas per process, concept)
+    ("one process x 2 replicas, tf_glp host", 0, 2, "tf_glp-host"),
+    ("one process x 2 replicas, tf_glp replicas", 0, 2, "tf_glp-replicas"),
+    ("1 worker x 2 replicas, tf_glp host", 1, 2, "tf_glp-host"),
+    ("2 workers x 1 replica, tf_glp host", 2, 1, "tf_glp-host"),
+    ("2 workers x 1 replica, tf_glp replicas", 2, 1, "tf_glp-replicas"),
+    ("2 workers x 1 CPU, MultiWorkerMirrored (stock)", 2, None, "mwms-stock"),
+    ("2 workers x 1 CPU, MultiWorkerMirrored + tf_glp's Keras fixes", 2, None, "mwms-fixed"),
+]
+
+
+def worker(concept: str) -> None:
+    """One process of a configuration: trains and prints the chief's times."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    import tf_glp
+
+    if concept.startswith("tf_glp-"):
+        strategy = tf_glp.Strategy(update=concept.split("-")[1])
+    elif concept == "mwms-stock":
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    else:
+        from tf_glp.strategy.strategy import _MultiWorkerKerasFixes
+
+        class FixedMultiWorkerMirrored(_MultiWorkerKerasFixes, tf.distribute.MultiWorkerMirroredStrategy):
+            pass
+
+        strategy = FixedMultiWorkerMirrored()
+    import keras
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.random((GLOBAL_BATCH * 4, 784), dtype=np.float32)
+    y = rng.integers(0, 10, size=(GLOBAL_BATCH * 4,))
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH).repeat()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(1024, activation="relu"),
+                                  keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(10)])
+        model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    class EpochClock(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            ends.append(time.perf_counter())
+
+    ends: list[float] = []
+    start = time.perf_counter()
+    model.fit(data, epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH, verbose=0, callbacks=[EpochClock()])
+    steady = (EPOCHS - 1) * STEPS_PER_EPOCH / (ends[-1] - ends[0])
+    print("RESULT " + json.dumps({"first_epoch_s": ends[0] - start, "steps_per_s": steady}), flush=True)
+
+
+def run(workers, replicas, concept) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--worker", concept]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    if not workers:
+        env["TF_GLP_CPU_REPLICAS"] = str(replicas)
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        status, output = done.returncode, done.stdout + done.stderr
+    else:
+        out = io.StringIO()
+        status = launch.launch(workers, command, cpu_replicas=replicas, out=out, err=out, env=env)
+        output = out.getvalue()
+    for line in output.splitlines():
+        if "RESULT " in line and (not workers or line.startswith("[worker 0]")):
+            return json.loads(line.split("RESULT ", 1)[1])
+    errors = [line for line in output.splitlines() if "Error" in line and ":" in line]
+    return {"error": (errors[-1] if errors else f"exit status {status}").split("] ", 1)[-1][:160]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--write-results", action="store_true")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker)
+        return
+    started = time.time()
+    rows = ["| configuration | first epoch (s) | steady steps/s | vs one process, same mode |", "|---|---|---|---|"]
+    results = {}
+    for label, workers, replicas, concept in CONFIGS:
+        results[label] = result = run(workers, replicas, concept)
+        print(f"  {label}: {result}", file=sys.stderr, flush=True)
+    for label, _, _, concept in CONFIGS:
+        result = results[label]
+        if "error" in result:
+            rows.append(f"| {label} | failed: {result['error']} | | |")
+            continue
+        base = results.get(f"one process x 2 replicas, {concept.replace('-', ' ')}", {})
+        ratio = f"{result['steps_per_s'] / base['steps_per_s']:.2f}x" if "steps_per_s" in base else ""
+        rows.append(f"| {label} | {result['first_epoch_s']:.2f} | {result['steps_per_s']:.2f} | {ratio} |")
+    elapsed = time.time() - started
+    print("\n".join(rows))
+    print(f"benchmark took {elapsed:.0f} s")
+    if args.write_results:
+        text = [f"## Multi-worker (issue 12) — {datetime.date.today().isoformat()}", "",
+                f"Machine: {platform.machine()}, {os.cpu_count()} cores, shared by all workers. Command: "
+                f"`python benchmarks/multi_worker.py --write-results` ({elapsed:.0f} s). MLP 784-1024-1024-10, "
+                f"Adam, global batch {GLOBAL_BATCH}, {STEPS_PER_EPOCH} steps per epoch; first epoch = start-up "
+                f"(server, broadcast, tracing) and its {STEPS_PER_EPOCH} steps; steady = the next "
+                f"{(EPOCHS - 1) * STEPS_PER_EPOCH} steps. Chief's clock.", "", *rows, ""]
+        append_section("\n".join(text))
+
+
+if __name__ == "__main__":
+    main()
