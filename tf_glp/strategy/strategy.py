@@ -166,8 +166,11 @@ class Strategy(tf.distribute.Strategy):
         Example:
             >>> print(strategy.explain())
         """
+        where = f"{len(self.extended.worker_devices)} replicas"
+        if self.extended._in_multi_worker_mode():  # noqa: SLF001
+            where += f" x {self.extended.num_workers} workers"
         lines = [f"tf_glp.Strategy(update={self.update!r}, chunking={self.chunking!r}, "
-                 f"compression={self.compression!r}) on {len(self.extended.worker_devices)} replicas"]
+                 f"compression={self.compression!r}) on {where}"]
         if not self.chunking_state.decided and not self.chunking_state.trials:
             lines.append(f"  chunks in use: {self.chunking_state.in_use()} (chunking='auto' decides at the start "
                          f"of the first fit)")
