@@ -78,10 +78,15 @@ data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
 model.fit(data, epochs=2, verbose=2, callbacks=callbacks)
 evaluation = model.evaluate(data, verbose=0, return_dict=True)
 predictions = model.predict(x[:64], batch_size=32, verbose=0)
+# Every worker saves (a save may read distributed variables); the chief's file is the model.
+saved = os.path.join(args.out, f"model{task}.keras")
+model.save(saved)
+reloaded = keras.saving.load_model(saved).predict(x[:64], batch_size=32, verbose=0)
 np.savez(os.path.join(args.out, f"w{task}.npz"),
          steps=model.optimizer.iterations.numpy(),
          evaluation=np.array([evaluation["loss"], evaluation["accuracy"]]),
          predictions=predictions,
+         reloaded=reloaded,
          **{f"trainable{i}": v.numpy() for i, v in enumerate(model.trainable_weights)},
          # Batch statistics are per replica (as under MirroredStrategy): these are the first replica's.
          **{f"statistics{i}": v.numpy() for i, v in enumerate(model.non_trainable_weights)},

@@ -98,6 +98,16 @@ def test_workers_hold_bitwise_identical_variables(two_workers):
     np.testing.assert_array_equal(chief["predictions"], other["predictions"])
 
 
+def test_the_saved_model_predicts_what_the_trained_one_predicts(two_workers):
+    # Saved with the first replica's batch statistics and loaded without a
+    # strategy: it predicts what the first replica predicted (its share of
+    # predict's first batch of 32: 8 rows); the other replicas' statistics
+    # differ, as under MirroredStrategy.
+    chief = two_workers[0]
+    assert np.all(np.isfinite(chief["reloaded"]))
+    np.testing.assert_allclose(chief["reloaded"][:8], chief["predictions"][:8], rtol=1e-5, atol=1e-6)
+
+
 def test_killed_worker_resumes_from_the_backup_and_ends_where_the_uninterrupted_run_ends(tmp_path, update,
                                                                                         two_workers):
     backup, scratch = tmp_path / "backup", tmp_path / "tmp"
