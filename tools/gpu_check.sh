@@ -7,8 +7,11 @@
 #   2. runs the CPU core tests (cc/tests/concurrent_layers_test.cc);
 #   3. runs the GPU tests (stream pool reuse, fork/join ordering, conv and
 #      matmul against the CPU core, bitwise equality over k = 1..8 streams,
-#      built-in GEMM vs CPU, bias kernels) and prints a timing table for
-#      k = 1, 2, 4, 8 streams.
+#      built-in GEMM vs CPU, more row tiles than grid.y holds) and prints a
+#      timing table for k = 1, 2, 4, 8 streams; then the tests again with the
+#      built-in GEMM (TF_GLP_CUDA_GEMM=builtin). It prints the driver version
+#      first (code built by nvcc 13 needs an R580 or newer driver) and each
+#      run's GEMM (cuBLAS or built-in).
 # Usage: tools/gpu_check.sh [--compile-only] [--no-timing]
 #   --compile-only  build everything, run nothing (works without a GPU).
 # Environment: NVCC (default nvcc on PATH, then /usr/local/cuda/bin/nvcc),
@@ -77,7 +80,22 @@ if [[ $COMPILE_ONLY == 1 ]]; then
   echo "== --compile-only: nothing run"
   exit 0
 fi
+if command -v nvidia-smi >/dev/null; then
+  echo "== driver: $(nvidia-smi --query-gpu=driver_version,name --format=csv,noheader | head -1)" \
+       "(code from nvcc $("$NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') needs a driver that supports" \
+       "that CUDA version: R580+ for CUDA 13; otherwise the first launch fails with 'driver version is insufficient')"
+else
+  echo "== driver: nvidia-smi not found"
+fi
+# The test binary finds cuBLAS by soname (as inside TensorFlow): point the
+# loader at the toolkit's libraries.
+CUDA_LIB="$(cd "$(dirname "$(readlink -f "$NVCC")")/.." && pwd)/lib64"
+export LD_LIBRARY_PATH="$CUDA_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "== CPU core tests"
 "$BUILD_DIR/concurrent_layers_test"
-echo "== GPU tests"
-timeout 240 "$BUILD_DIR/cuda_lanes_test" "${TEST_ARGS[@]}"
+echo "== GPU tests (cuBLAS where it loads)"
+status=0
+timeout 240 "$BUILD_DIR/cuda_lanes_test" "${TEST_ARGS[@]}" || status=$?
+echo "== GPU tests with the built-in GEMM (TF_GLP_CUDA_GEMM=builtin)"
+TF_GLP_CUDA_GEMM=builtin timeout 240 "$BUILD_DIR/cuda_lanes_test" --no-timing || status=$?
+exit $status

@@ -75,11 +75,11 @@ int64_t FilterGradGroups(const Conv2DShape& s) {
 }
 
 int64_t Conv2DForwardWorkspace(const Conv2DShape& s, int64_t num_lanes) {
-  return s.IsPointwise() ? 0 : num_lanes * s.OutputPixels() * s.PatchSize();
+  return s.IsPointwise() ? 0 : LanesUsed(num_lanes, s.batch) * s.OutputPixels() * s.PatchSize();
 }
 
 int64_t Conv2DBackpropInputWorkspace(const Conv2DShape& s, int64_t num_lanes) {
-  return s.IsPointwise() ? 0 : num_lanes * s.OutputPixels() * s.PatchSize();
+  return s.IsPointwise() ? 0 : LanesUsed(num_lanes, s.batch) * s.OutputPixels() * s.PatchSize();
 }
 
 int64_t Conv2DBackpropFilterWorkspace(const Conv2DShape& s, int64_t num_lanes) {

@@ -1,8 +1,9 @@
 // Concurrent 2-D convolution (GLP4NN): NHWC float32, groups = 1, the strides,
 // paddings and dilations of keras.layers.Conv2D. Each sample is an
 // independent work item (im2col + GEMM) run on one of k lanes
-// (Note [Lane pool] in lane_pool.h). The CUDA backend (cc/cuda/conv_cuda.h)
-// computes the same thing with the same work split.
+// (Note [Lane pool] in lane_pool.h). The CUDA backend
+// (cc/cuda/lane_pool_cuda.cu) computes the same thing with the same work
+// items (Note [Work plan] in work_plan.h).
 //
 // Note [Concurrent determinism]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -12,8 +13,9 @@
 //   alone with a GEMM whose per-element result does not depend on the split
 //   (Note [GEMM determinism] in gemm.h), and col2im adds in a fixed loop
 //   order;
-// * Dense weight gradient (matmul.h): each element is one GEMM element, the
-//   in-order sum over the whole batch; lanes take blocks of output rows;
+// * Dense layers (matmul.h): each element is one GEMM element, the in-order
+//   sum over the whole inner dimension; lanes take fixed tiles of the output
+//   (Note [Work plan]);
 // * filter gradient: a sum over samples. The batch is cut
 //   into FilterGradGroups() contiguous groups, a number that depends on the
 //   shapes only, never on k; a group's partial sum is accumulated sample by

@@ -18,7 +18,7 @@ std::string CheckLaneCount(int64_t num_lanes) {
 }
 
 CpuLanePool::CpuLanePool(int num_threads)
-    : pool_(std::make_unique<ThreadPool>(std::max(1, num_threads))) {}
+    : own_pool_(std::make_unique<ThreadPool>(std::max(1, num_threads))), runner_(own_pool_.get()) {}
 
 const CpuLanePool& CpuLanePool::Global() {
   static const CpuLanePool* pool = [] {
@@ -37,7 +37,7 @@ void CpuLanePool::Run(
     int64_t num_lanes, int64_t num_items,
     const std::function<void(int lane, int64_t item)>& fn) const {
   if (num_items <= 0) return;
-  const int64_t lanes = std::clamp<int64_t>(num_lanes, 1, std::min(kMaxLanes, num_items));
+  const int64_t lanes = LanesUsed(num_lanes, num_items);
   if (lanes == 1) {
     for (int64_t item = 0; item < num_items; ++item) fn(0, item);
     return;
@@ -45,7 +45,7 @@ void CpuLanePool::Run(
   std::atomic<int64_t> next{0};
   std::atomic<bool> failed{false};
   std::vector<std::exception_ptr> errors(lanes);
-  pool_->ParallelFor(lanes, [&](int64_t begin, int64_t end) {
+  runner_->ParallelFor(lanes, [&](int64_t begin, int64_t end) {
     for (int64_t lane = begin; lane < end; ++lane) {
       try {
         for (;;) {

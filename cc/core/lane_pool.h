@@ -8,14 +8,18 @@
 // * A call asks for k lanes, 1 <= k <= kMaxLanes (CheckLaneCount says why a
 //   k is refused; the ops turn that into InvalidArgumentError). k is a
 //   request for concurrency, never a promise of it.
-// * CPU: one process-wide pool (CpuLanePool::Global()), created lazily on
-//   first use with one thread per hardware thread (TF_GLP_CPU_LANE_THREADS
-//   overrides) and reused by every call; no thread is created per call. A
-//   call's lanes are tasks of that pool: at most min(k, pool threads) lanes
-//   run at once; when more lanes are asked than there are threads, the extra
-//   lanes run as threads free up (the calling thread is one of them). Several
-//   ops may call at once (TensorFlow runs independent ops concurrently); each
-//   gets its own lanes and returns when its own items are done.
+// * CPU: a call's lanes are tasks of a ParallelRunner (parallel.h). In the
+//   TensorFlow ops that runner is the kernel's intra-op thread pool, so
+//   tf_glp owns no threads of its own there: TensorFlow's pool bounds how
+//   many lanes run at once (min(k, pool threads); the extra lanes run as
+//   threads free up), and tf.config.threading.set_intra_op_parallelism_threads
+//   bounds tf_glp as it bounds TensorFlow's own kernels, instead of a second
+//   pool sized to the hardware oversubscribing the cores next to it. The
+//   native tests and tools use CpuLanePool::Global(), a pool of tf_glp's own
+//   (one thread per hardware thread; TF_GLP_CPU_LANE_THREADS overrides).
+//   Several ops may call at once (TensorFlow runs independent ops
+//   concurrently); each gets its own lanes and returns when its own items
+//   are done.
 // * Work items are handed to lanes dynamically (an atomic counter); each lane
 //   runs on one thread at a time, so per-lane scratch needs no locking.
 //   Which lane runs an item is unspecified: results must not depend on it
@@ -39,6 +43,7 @@
 #include <memory>
 #include <string>
 
+#include "cc/core/parallel.h"
 #include "cc/core/thread_pool.h"
 
 namespace tf_glp::core {
@@ -51,13 +56,17 @@ std::string CheckLaneCount(int64_t num_lanes);
 
 class CpuLanePool {
  public:
-  // A pool of num_threads threads (the calling thread of Run counts as one).
+  // Lanes on `runner`'s threads (not owned; must outlive the pool).
+  explicit CpuLanePool(const ParallelRunner& runner) : runner_(&runner) {}
+  // Lanes on a pool of num_threads threads of its own (the calling thread of
+  // Run counts as one).
   explicit CpuLanePool(int num_threads);
 
-  // The process-wide pool (Note [Lane pool]).
+  // tf_glp's own process-wide pool, for the native tests and tools (the ops
+  // use TensorFlow's intra-op pool; Note [Lane pool]).
   static const CpuLanePool& Global();
 
-  int NumThreads() const { return pool_->NumThreads(); }
+  int NumThreads() const { return runner_->NumThreads(); }
 
   // Runs fn(lane, item) once for every item in [0, num_items) over
   // num_lanes lanes (clamped to [1, kMaxLanes]) and returns when all are
@@ -67,8 +76,17 @@ class CpuLanePool {
            const std::function<void(int lane, int64_t item)>& fn) const;
 
  private:
-  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<ThreadPool> own_pool_;
+  const ParallelRunner* runner_;
 };
+
+// The lanes a call with num_lanes lanes and num_items items uses (lane
+// indices are below it on every backend): per-lane workspace is sized by it.
+inline int64_t LanesUsed(int64_t num_lanes, int64_t num_items) {
+  int64_t lanes = num_lanes < kMaxLanes ? num_lanes : kMaxLanes;
+  if (lanes > num_items) lanes = num_items;
+  return lanes < 1 ? 1 : lanes;
+}
 
 // Splits [0, total) into `parts` contiguous ranges whose sizes differ by at
 // most one; returns the start of range `index` (index == parts gives total).

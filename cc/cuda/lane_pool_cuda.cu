@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -40,10 +41,21 @@ struct Cublas {
   BlasSgemm sgemm = nullptr;
 };
 
+// Only the cuBLAS of the CUDA major version this process runs (12 inside
+// TensorFlow 2.21, whose CUDA libraries are already loaded by then, so the
+// soname finds them): another major version would bring a second CUDA
+// runtime into the process.
 const Cublas& GetCublas() {
   static const Cublas* blas = [] {
     auto* b = new Cublas;
-    for (const char* name : {"libcublas.so.12", "libcublas.so.13", "libcublas.so"}) {
+    // TF_GLP_CUDA_GEMM=builtin: the built-in GEMM everywhere (the kit runs
+    // its tests both ways).
+    const char* choice = std::getenv("TF_GLP_CUDA_GEMM");
+    if (choice != nullptr && std::string(choice) == "builtin") return b;
+    int runtime = 0;
+    if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) return b;
+    const std::string soname = "libcublas.so." + std::to_string(runtime / 1000);
+    for (const char* name : {soname.c_str()}) {
       void* lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
       if (lib == nullptr) continue;
       b->create = reinterpret_cast<BlasCreate>(dlsym(lib, "cublasCreate_v2"));
@@ -78,26 +90,31 @@ std::string CudaError(const char* what, cudaError_t status) {
 constexpr int kTile = 16;
 
 // Built-in GEMM: one thread per C element, the in-order sum of
-// Note [GEMM determinism] (with FMA), through shared-memory tiles.
+// Note [GEMM determinism] (with FMA), through shared-memory tiles. Column
+// tiles on grid.x (up to 2^31 - 1); row tiles on grid.y, looped over when
+// there are more than grid.y's 65535.
 __global__ void TiledGemmKernel(core::GemmArgs g) {
   __shared__ float a_tile[kTile][kTile + 1];
   __shared__ float b_tile[kTile][kTile + 1];
-  const int64_t row = static_cast<int64_t>(blockIdx.y) * kTile + threadIdx.y;
+  const int64_t row_tiles = (g.m + kTile - 1) / kTile;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.x;
-  float acc = (g.accumulate && row < g.m && col < g.n) ? g.c[row * g.ldc + col] : 0.0f;
-  for (int64_t p0 = 0; p0 < g.k; p0 += kTile) {
-    const int64_t pa = p0 + threadIdx.x;  // A(row, pa)
-    const int64_t pb = p0 + threadIdx.y;  // B(pb, col)
-    a_tile[threadIdx.y][threadIdx.x] =
-        (row < g.m && pa < g.k) ? (g.transpose_a ? g.a[pa * g.lda + row] : g.a[row * g.lda + pa]) : 0.0f;
-    b_tile[threadIdx.y][threadIdx.x] =
-        (pb < g.k && col < g.n) ? (g.transpose_b ? g.b[col * g.ldb + pb] : g.b[pb * g.ldb + col]) : 0.0f;
-    __syncthreads();
-    const int64_t steps = g.k - p0 < kTile ? g.k - p0 : kTile;
-    for (int64_t p = 0; p < steps; ++p) acc = fmaf(a_tile[threadIdx.y][p], b_tile[p][threadIdx.x], acc);
-    __syncthreads();
+  for (int64_t row_tile = blockIdx.y; row_tile < row_tiles; row_tile += gridDim.y) {
+    const int64_t row = row_tile * kTile + threadIdx.y;
+    float acc = (g.accumulate && row < g.m && col < g.n) ? g.c[row * g.ldc + col] : 0.0f;
+    for (int64_t p0 = 0; p0 < g.k; p0 += kTile) {
+      const int64_t pa = p0 + threadIdx.x;  // A(row, pa)
+      const int64_t pb = p0 + threadIdx.y;  // B(pb, col)
+      a_tile[threadIdx.y][threadIdx.x] =
+          (row < g.m && pa < g.k) ? (g.transpose_a ? g.a[pa * g.lda + row] : g.a[row * g.lda + pa]) : 0.0f;
+      b_tile[threadIdx.y][threadIdx.x] =
+          (pb < g.k && col < g.n) ? (g.transpose_b ? g.b[col * g.ldb + pb] : g.b[pb * g.ldb + col]) : 0.0f;
+      __syncthreads();
+      const int64_t steps = g.k - p0 < kTile ? g.k - p0 : kTile;
+      for (int64_t p = 0; p < steps; ++p) acc = fmaf(a_tile[threadIdx.y][p], b_tile[p][threadIdx.x], acc);
+      __syncthreads();
+    }
+    if (row < g.m && col < g.n) g.c[row * g.ldc + col] = acc;
   }
-  if (row < g.m && col < g.n) g.c[row * g.ldc + col] = acc;
 }
 
 __global__ void Im2ColKernel(core::Conv2DShape s, const float* sample, float* col) {
@@ -146,63 +163,65 @@ __global__ void SumPartialsKernel(const float* partials, int64_t groups, int64_t
   }
 }
 
-__global__ void BiasAddKernel(float* out, const float* bias, int64_t total, int64_t channels) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] += bias[i % channels];
-  }
-}
-
-__global__ void BiasGradKernel(const float* dy, float* grad, int64_t rows, int64_t channels) {
-  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < channels;
-       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t r = 0; r < rows; ++r) acc += dy[r * channels + c];
-    grad[c] = acc;
-  }
-}
-
 int Blocks(int64_t total) {
   return static_cast<int>(std::min<int64_t>((total + 255) / 256, 4096));
 }
 
-// Runs body(lane, item) for every item, item i on lane i % num_lanes, between
-// a fork from and a join back to `stream`.
-template <class Body>
-std::string OnLanes(int device, cudaStream_t stream, int num_lanes, int64_t items, Body body) {
+// Makes `device` current for the scope and restores the caller's: the lanes'
+// streams, and every kernel launched on them or on the op's stream, belong to
+// `device` (TensorFlow normally has it current already).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) : device_(device) {}
+  std::string Enter() {
+    TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous_));
+    if (previous_ != device_) TF_GLP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    entered_ = true;
+    return "";
+  }
+  ~DeviceScope() {
+    if (entered_ && previous_ != device_) cudaSetDevice(previous_);
+  }
+
+ private:
+  const int device_;
+  int previous_ = 0;
+  bool entered_ = false;
+};
+
+// Runs body(lane, index, item) for every item, item i on lane i % lanes,
+// between a fork from and a join back to `stream`; then after() on `stream`
+// (still on `device`), when every item was enqueued without error.
+template <class Body, class After>
+std::string OnLanes(int device, cudaStream_t stream, int num_lanes, int64_t items, Body body, After after) {
   std::string error = core::CheckLaneCount(num_lanes);
   if (!error.empty()) return error;
   StreamPool* pool = StreamPool::ForDevice(device, &error);
   if (pool == nullptr) return error;
-  const int lanes = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_lanes, items)));
+  const int lanes = static_cast<int>(core::LanesUsed(num_lanes, items));
   error = pool->EnsureLanes(lanes);
   if (!error.empty()) return error;
-  // The lanes' streams belong to `device`: launch with it current (TensorFlow
-  // normally has it current already), and restore the caller's afterwards.
-  int previous = 0;
-  TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
-  if (previous != device) TF_GLP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-  struct RestoreDevice {
-    int previous, device;
-    ~RestoreDevice() {
-      if (previous != device) cudaSetDevice(previous);
-    }
-  } restore{previous, device};
+  DeviceScope scope(device);
+  error = scope.Enter();
+  if (!error.empty()) return error;
   error = pool->Fork(stream, lanes);
   if (!error.empty()) return error;
   std::string first_error;
   for (int64_t item = 0; item < items; ++item) {
     const int lane = static_cast<int>(item % lanes);
-    error = body(pool->lane(lane), lane, item);
-    if (!error.empty()) {
-      first_error = error;
-      break;
-    }
+    first_error = body(pool->lane(lane), lane, item);
+    if (!first_error.empty()) break;
   }
   // Join even after an error, so the op's stream never runs ahead of work
   // already enqueued on the lanes.
   error = pool->Join(stream, lanes);
-  return first_error.empty() ? error : first_error;
+  if (first_error.empty()) first_error = error;
+  return first_error.empty() ? after() : first_error;
+}
+
+template <class Body>
+std::string OnLanes(int device, cudaStream_t stream, int num_lanes, int64_t items, Body body) {
+  return OnLanes(device, stream, num_lanes, items, body, [] { return std::string(); });
 }
 
 }  // namespace
@@ -282,30 +301,49 @@ std::string StreamPool::EnsureLanes(int num_lanes) {
 std::string StreamPool::Fork(cudaStream_t parent, int num_lanes) {
   cudaEvent_t ready;
   TF_GLP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-  TF_GLP_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready, parent));
-  for (int i = 0; i < num_lanes; ++i) {
-    TF_GLP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lanes_[i].stream, ready, 0));
+  cudaError_t status = cudaEventRecord(ready, parent);
+  std::string error = status == cudaSuccess ? "" : CudaError("cudaEventRecord (fork)", status);
+  for (int i = 0; i < num_lanes && error.empty(); ++i) {
+    status = cudaStreamWaitEvent(lanes_[i].stream, ready, 0);
+    if (status != cudaSuccess) error = CudaError("cudaStreamWaitEvent (fork)", status);
   }
-  // Released once recorded work completes; the waits already hold it.
-  TF_GLP_CUDA_RETURN_IF_ERROR(cudaEventDestroy(ready));
-  return "";
+  // Released once the recorded work completes; the waits already hold it.
+  cudaEventDestroy(ready);
+  return error;
 }
 
 std::string StreamPool::Join(cudaStream_t parent, int num_lanes) {
+  // Every lane is joined even when one fails: TensorFlow may reuse the
+  // buffers of this op as soon as its stream passes the join.
+  std::string first_error;
   for (int i = 0; i < num_lanes; ++i) {
     cudaEvent_t done;
-    TF_GLP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    TF_GLP_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, lanes_[i].stream));
-    TF_GLP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(parent, done, 0));
-    TF_GLP_CUDA_RETURN_IF_ERROR(cudaEventDestroy(done));
+    cudaError_t status = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    if (status == cudaSuccess) {
+      status = cudaEventRecord(done, lanes_[i].stream);
+      if (status == cudaSuccess) status = cudaStreamWaitEvent(parent, done, 0);
+      cudaEventDestroy(done);
+    }
+    if (status != cudaSuccess && first_error.empty()) {
+      first_error = CudaError(("joining lane " + std::to_string(i)).c_str(), status);
+    }
   }
-  return "";
+  return first_error;
 }
 
 std::string LaneGemm(Lane& lane, const core::GemmArgs& g, bool force_builtin) {
   if (g.m <= 0 || g.n <= 0) return "";
   const Cublas& blas = GetCublas();
+  constexpr int64_t kIntMax = 2147483647;
+  const bool fits_int = g.m <= kIntMax && g.n <= kIntMax && g.k <= kIntMax && g.lda <= kIntMax &&
+                        g.ldb <= kIntMax && g.ldc <= kIntMax;
   if (lane.blas != nullptr && !force_builtin && g.k > 0) {
+    // cuBLAS takes int sizes; every lane must use the same GEMM for a given
+    // problem (Note [Work plan]), so a problem cuBLAS cannot take is an error.
+    if (!fits_int) {
+      return "a GEMM of " + std::to_string(g.m) + " x " + std::to_string(g.n) + " x " + std::to_string(g.k) +
+             " exceeds cuBLAS's int sizes";
+    }
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
     const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
     const BlasStatus status = blas.sgemm(
@@ -316,7 +354,9 @@ std::string LaneGemm(Lane& lane, const core::GemmArgs& g, bool force_builtin) {
     return "";
   }
   const dim3 block(kTile, kTile);
-  const dim3 grid(static_cast<unsigned>((g.n + kTile - 1) / kTile), static_cast<unsigned>((g.m + kTile - 1) / kTile));
+  const int64_t row_tiles = (g.m + kTile - 1) / kTile, col_tiles = (g.n + kTile - 1) / kTile;
+  if (col_tiles > kIntMax) return "a GEMM with " + std::to_string(g.n) + " columns is too wide";
+  const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(std::min<int64_t>(row_tiles, 65535)));
   TiledGemmKernel<<<grid, block, 0, lane.stream>>>(g);
   TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return "";
@@ -376,7 +416,14 @@ std::string Conv2DBackpropFilter(const core::Conv2DShape& s, const float* input,
   const int64_t col_size = s.OutputPixels() * s.PatchSize();
   const int64_t groups = core::FilterGradGroups(s);
   float* partials = groups > 1 ? workspace + core::Conv2DForwardWorkspace(s, num_lanes) : filter_grad;
-  std::string error = OnLanes(device, stream, num_lanes, groups, [&](Lane& lane, int index, int64_t group) -> std::string {
+  auto sum_partials = [&]() -> std::string {
+    if (groups == 1) return "";
+    SumPartialsKernel<<<Blocks(s.FilterElements()), 256, 0, stream>>>(partials, groups, s.FilterElements(),
+                                                                       filter_grad);
+    TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return "";
+  };
+  return OnLanes(device, stream, num_lanes, groups, [&](Lane& lane, int index, int64_t group) -> std::string {
     const int64_t first = core::SplitPoint(s.batch, groups, group);
     const int64_t last = core::SplitPoint(s.batch, groups, group + 1);
     for (int64_t n = first; n < last; ++n) {
@@ -399,27 +446,14 @@ std::string Conv2DBackpropFilter(const core::Conv2DShape& s, const float* input,
       if (!gemm_error.empty()) return gemm_error;
     }
     return "";
-  });
-  if (!error.empty() || groups == 1) return error;
-  SumPartialsKernel<<<Blocks(s.FilterElements()), 256, 0, stream>>>(partials, groups, s.FilterElements(), filter_grad);
-  TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return "";
+  }, sum_partials);
 }
 
 std::string MatMul(int64_t m, int64_t n, int64_t k, const float* a, const float* b,
                    bool transpose_b, float* c, int num_lanes, cudaStream_t stream, int device) {
-  if (m <= 0 || n <= 0) return "";
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(num_lanes, (m + 15) / 16));
-  return OnLanes(device, stream, num_lanes, blocks, [&](Lane& lane, int, int64_t block) -> std::string {
-    const int64_t first = core::SplitPoint(m, blocks, block);
-    const int64_t last = core::SplitPoint(m, blocks, block + 1);
-    core::GemmArgs g;
-    g.transpose_b = transpose_b;
-    g.m = last - first, g.n = n, g.k = k;
-    g.a = a + first * k, g.lda = k;
-    g.b = b, g.ldb = transpose_b ? k : n;
-    g.c = c + first * n, g.ldc = n;
-    return LaneGemm(lane, g);
+  if (core::NumTiles(m, n) == 0) return core::CheckLaneCount(num_lanes);
+  return OnLanes(device, stream, num_lanes, core::NumTiles(m, n), [&](Lane& lane, int, int64_t item) {
+    return LaneGemm(lane, core::MatMulTileGemm(n, k, a, b, transpose_b, c, core::TileAt(m, n, item)));
   });
 }
 
@@ -428,35 +462,16 @@ std::string MatMulGradWeights(int64_t m, int64_t k, int64_t n, const float* a,
                               cudaStream_t stream, int device) {
   if (k <= 0 || n <= 0) return "";
   if (m <= 0) {
+    DeviceScope scope(device);
+    std::string error = scope.Enter();
+    if (!error.empty()) return error;
     TF_GLP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(grad_weights, 0, sizeof(float) * k * n, stream));
     return "";
   }
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(num_lanes, (k + 15) / 16));
-  return OnLanes(device, stream, num_lanes, blocks, [&](Lane& lane, int, int64_t block) -> std::string {
-    const int64_t first = core::SplitPoint(k, blocks, block);
-    const int64_t last = core::SplitPoint(k, blocks, block + 1);
-    core::GemmArgs g;  // grad_weights[first:last, :] = a[:, first:last]^T output_grad
-    g.transpose_a = true;
-    g.m = last - first, g.n = n, g.k = m;
-    g.a = a + first, g.lda = k;
-    g.b = output_grad, g.ldb = n;
-    g.c = grad_weights + first * n, g.ldc = n;
-    return LaneGemm(lane, g);
+  return OnLanes(device, stream, num_lanes, core::NumTiles(k, n), [&](Lane& lane, int, int64_t item) {
+    return LaneGemm(lane, core::MatMulGradWeightsTileGemm(m, k, n, a, output_grad, grad_weights,
+                                                          core::TileAt(k, n, item)));
   });
-}
-
-std::string BiasAdd(float* out, const float* bias, int64_t rows, int64_t channels, cudaStream_t stream) {
-  if (rows <= 0 || channels <= 0) return "";
-  BiasAddKernel<<<Blocks(rows * channels), 256, 0, stream>>>(out, bias, rows * channels, channels);
-  TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return "";
-}
-
-std::string BiasGrad(const float* dy, float* grad, int64_t rows, int64_t channels, cudaStream_t stream) {
-  if (channels <= 0) return "";
-  BiasGradKernel<<<Blocks(channels), 256, 0, stream>>>(dy, grad, rows, channels);
-  TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return "";
 }
 
 }  // namespace tf_glp::cuda

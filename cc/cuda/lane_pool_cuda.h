@@ -30,6 +30,7 @@
 #include "cc/core/conv.h"
 #include "cc/core/gemm.h"
 #include "cc/core/matmul.h"
+#include "cc/core/work_plan.h"
 
 namespace tf_glp::cuda {
 
@@ -67,17 +68,21 @@ class StreamPool {
   Lane lanes_[core::kMaxLanes];
 };
 
-// Whether cuBLAS could be loaded (dlopen of libcublas.so.12/.13); otherwise a
-// built-in tiled GEMM kernel is used. Sets *which to the library name.
+// Whether cuBLAS could be loaded (dlopen of libcublas.so.<the CUDA runtime's
+// major version>); otherwise a built-in tiled GEMM kernel is used. Sets
+// *which to the library name.
 bool CublasAvailable(std::string* which);
 
 // C (+)= op(A) op(B) (the row-major GemmArgs of cc/core/gemm.h; pointers are
 // device pointers) on one lane. force_builtin: skip cuBLAS (for tests).
 std::string LaneGemm(Lane& lane, const core::GemmArgs& args, bool force_builtin = false);
 
-// The concurrent ops on the GPU, split as their CPU twins in cc/core/conv.h
-// and matmul.h. Pointers are device pointers; workspace holds the floats that
-// the core's Conv2D*Workspace(shape, num_lanes) functions say. Work is enqueued on lanes forked from and joined back to `stream`.
+// The concurrent ops on the GPU: the same work items as the CPU lanes run
+// (Note [Work plan] in cc/core/work_plan.h), so results are bitwise the same
+// for every lane count. Pointers are device pointers; workspace holds the
+// floats that the core's Conv2D*Workspace(shape, num_lanes) functions say.
+// Work is enqueued on lanes forked from and joined back to `stream`, with
+// `device` current (the caller's device is restored).
 std::string Conv2DForward(const core::Conv2DShape& shape, const float* input,
                           const float* filter, float* output, int num_lanes,
                           float* workspace, cudaStream_t stream, int device);
@@ -95,13 +100,6 @@ std::string MatMul(int64_t m, int64_t n, int64_t k, const float* a, const float*
 std::string MatMulGradWeights(int64_t m, int64_t k, int64_t n, const float* a,
                               const float* output_grad, float* grad_weights,
                               int num_lanes, cudaStream_t stream, int device);
-
-// out[rows, channels] += bias[channels] (NHWC bias add), and the bias
-// gradient: grad[c] = sum over rows of dy[row, c], in row order.
-std::string BiasAdd(float* out, const float* bias, int64_t rows, int64_t channels,
-                    cudaStream_t stream);
-std::string BiasGrad(const float* dy, float* grad, int64_t rows, int64_t channels,
-                     cudaStream_t stream);
 
 }  // namespace tf_glp::cuda
 

@@ -16,6 +16,7 @@
 #include "cc/core/gemm.h"
 #include "cc/core/lane_pool.h"
 #include "cc/core/matmul.h"
+#include "cc/core/work_plan.h"
 #include "cc/tests/test_main.h"
 
 namespace tf_glp::core {
@@ -200,9 +201,32 @@ TEST(ConvIsRightAndBitwiseTheSameForEveryLaneCount) {
   CheckConv(s, true, 6);
 }
 
+TEST(WorkPlanTilesCoverEveryElementOnceWhateverTheLanes) {
+  for (auto [rows, columns] : {std::pair<int64_t, int64_t>{1, 1}, {128, 256}, {129, 257}, {1000, 70}, {5, 3000}}) {
+    std::vector<int> hits(rows * columns, 0);
+    const int64_t tiles = NumTiles(rows, columns);
+    EXPECT_EQ(tiles, CeilDiv(rows, kTileRows) * CeilDiv(columns, kTileColumns));
+    for (int64_t i = 0; i < tiles; ++i) {
+      const Tile t = TileAt(rows, columns, i);
+      EXPECT_TRUE(t.rows() >= 1 && t.rows() <= kTileRows && t.columns() >= 1 && t.columns() <= kTileColumns);
+      for (int64_t r = t.row_begin; r < t.row_end; ++r) {
+        for (int64_t c = t.column_begin; c < t.column_end; ++c) ++hits[r * columns + c];
+      }
+    }
+    for (int h : hits) EXPECT_EQ(h, 1);
+  }
+  EXPECT_EQ(NumTiles(0, 5), 0);
+  EXPECT_EQ(NumTiles(5, 0), 0);
+  EXPECT_EQ(LanesUsed(8, 3), 3);
+  EXPECT_EQ(LanesUsed(2, 0), 1);
+  EXPECT_EQ(LanesUsed(1000, 1000), kMaxLanes);
+}
+
 TEST(MatMulIsRightAndBitwiseTheSameForEveryLaneCount) {
   const CpuLanePool& pool = CpuLanePool::Global();
-  for (auto [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 3, 2}, {37, 50, 11}, {300, 64, 10}}) {
+  // The last two shapes have several tiles in both directions (Note [Work plan]).
+  for (auto [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 3, 2}, {37, 50, 11}, {300, 64, 10},
+                         {260, 33, 600}, {129, 300, 257}}) {
     auto a = Random(m * k, m), w = Random(k * n, k), dy = Random(m * n, n);
     std::vector<float> y1, dx1, dw1;
     for (int64_t lanes : {1, 2, 4, 7}) {

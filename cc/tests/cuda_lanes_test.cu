@@ -40,6 +40,9 @@ struct DeviceBuffer {
   explicit DeviceBuffer(int64_t n) : size(std::max<int64_t>(n, 1)) { cudaMalloc(&ptr, sizeof(float) * size); }
   DeviceBuffer(const std::vector<float>& host) : DeviceBuffer(static_cast<int64_t>(host.size())) {
     cudaMemcpy(ptr, host.data(), sizeof(float) * host.size(), cudaMemcpyHostToDevice);
+    // From pageable memory cudaMemcpy may return before the copy lands; the
+    // lanes are non-blocking streams that would not wait for it.
+    cudaDeviceSynchronize();
   }
   ~DeviceBuffer() { cudaFree(ptr); }
   std::vector<float> Get(int64_t n) const {
@@ -86,26 +89,34 @@ __global__ void SlowWrite(float* flag, float value) {
 
 __global__ void CopyFlag(const float* flag, float* out, int index) { out[index] = *flag; }
 
+__global__ void CopyValues(const float* from, float* to, int count) {
+  for (int i = 0; i < count; ++i) to[i] = from[i];
+}
+
+// Each half would pass without the fork or without the join if the lanes or
+// the parent were kept busy first: the reads happen at once, so only the
+// events can order them after the slow writes.
 TEST(ForkAndJoinKeepStreamOrder) {
   std::string error;
   StreamPool* pool = StreamPool::ForDevice(0, &error);
   CHECK_OK(pool->EnsureLanes(8));
   cudaStream_t parent;
   CHECK_CUDA(cudaStreamCreateWithFlags(&parent, cudaStreamNonBlocking));
-  DeviceBuffer flag(1), seen(8), after(1);
+  DeviceBuffer flag(1), seen(8), done(8), after(8);
   CHECK_CUDA(cudaMemset(flag.ptr, 0, sizeof(float)));
-  SlowWrite<<<1, 1, 0, parent>>>(flag.ptr, 1.0f);  // the lanes must wait for it
+  CHECK_CUDA(cudaMemset(done.ptr, 0, 8 * sizeof(float)));
+  CHECK_CUDA(cudaDeviceSynchronize());  // the memsets ran on the legacy stream
+  SlowWrite<<<1, 1, 0, parent>>>(flag.ptr, 1.0f);
   CHECK_OK(pool->Fork(parent, 8));
   for (int i = 0; i < 8; ++i) {
-    SlowWrite<<<1, 1, 0, pool->lane(i).stream>>>(seen.ptr + i, 0.0f);  // keep the lane busy
-    CopyFlag<<<1, 1, 0, pool->lane(i).stream>>>(flag.ptr, seen.ptr, i);
+    CopyFlag<<<1, 1, 0, pool->lane(i).stream>>>(flag.ptr, seen.ptr, i);  // fork: reads 1, never 0
+    SlowWrite<<<1, 1, 0, pool->lane(i).stream>>>(done.ptr + i, 1.0f);
   }
   CHECK_OK(pool->Join(parent, 8));
-  SlowWrite<<<1, 1, 0, parent>>>(flag.ptr, 2.0f);  // must run after every lane read 1
-  CopyFlag<<<1, 1, 0, parent>>>(flag.ptr, after.ptr, 0);
+  CopyValues<<<1, 1, 0, parent>>>(done.ptr, after.ptr, 8);  // join: reads 1s, never 0s
   CHECK_CUDA(cudaStreamSynchronize(parent));
   for (float v : seen.Get(8)) EXPECT_EQ(v, 1.0f);
-  EXPECT_EQ(after.Get(1)[0], 2.0f);
+  for (float v : after.Get(8)) EXPECT_EQ(v, 1.0f);
   cudaStreamDestroy(parent);
 }
 
@@ -167,7 +178,7 @@ TEST(ConvMatchesCpuAndIsBitwiseTheSameForEveryLaneCount) {
 }
 
 TEST(MatMulMatchesCpuAndIsBitwiseTheSameForEveryLaneCount) {
-  const int64_t m = 130, k = 70, n = 33;
+  const int64_t m = 300, k = 70, n = 290;  // 3 x 2 tiles (Note [Work plan])
   auto a = Random(m * k, 1), w = Random(k * n, 2), dy = Random(m * n, 3);
   const core::CpuLanePool& cpu = core::CpuLanePool::Global();
   std::vector<float> y(m * n), dx(m * k), dw(k * n);
@@ -216,20 +227,25 @@ TEST(BuiltInGemmMatchesCpuGemmBitForBit) {
   }
 }
 
-TEST(BiasKernels) {
-  const int64_t rows = 300, channels = 7;
-  auto out = Random(rows * channels, 1), bias = Random(channels, 2);
-  DeviceBuffer dout(out), dbias(bias), grad(channels);
-  CHECK_OK(BiasAdd(dout.ptr, dbias.ptr, rows, channels, nullptr));
-  CHECK_OK(BiasGrad(dout.ptr, grad.ptr, rows, channels, nullptr));
-  CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<float> got = dout.Get(rows * channels), want_grad(channels, 0.0f);
-  for (int64_t i = 0; i < rows * channels; ++i) {
-    EXPECT_EQ(got[i], out[i] + bias[i % channels]);
-    want_grad[i % channels] += got[i];
-  }
-  std::vector<float> got_grad = grad.Get(channels);
-  EXPECT_TRUE(std::memcmp(got_grad.data(), want_grad.data(), 4 * channels) == 0);
+TEST(BuiltinGemmLoopsOverMoreRowTilesThanGridYHolds) {
+  // 70000 row tiles of 16: more than grid.y's 65535.
+  std::string error;
+  StreamPool* pool = StreamPool::ForDevice(0, &error);
+  CHECK_OK(error);
+  CHECK_OK(pool->EnsureLanes(1));
+  core::GemmArgs g;
+  g.m = 70000 * 16, g.n = 3, g.k = 2, g.lda = 2, g.ldb = 3, g.ldc = 3;
+  auto a = Random(g.m * g.k, 5), b = Random(g.k * g.n, 6);
+  std::vector<float> want(g.m * g.n);
+  core::GemmArgs host = g;
+  host.a = a.data(), host.b = b.data(), host.c = want.data();
+  core::ReferenceGemm(host, /*fused_multiply_add=*/true);
+  DeviceBuffer da(a), db(b), dc(g.m * g.n);
+  g.a = da.ptr, g.b = db.ptr, g.c = dc.ptr;
+  CHECK_OK(LaneGemm(pool->lane(0), g, /*force_builtin=*/true));
+  CHECK_CUDA(cudaStreamSynchronize(pool->lane(0).stream));
+  std::vector<float> got = dc.Get(g.m * g.n);
+  EXPECT_TRUE(std::memcmp(got.data(), want.data(), 4 * got.size()) == 0);
 }
 
 TEST(BadLaneCountIsAnError) {
@@ -309,7 +325,13 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("device 0: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  std::string gemm;
+  tf_glp::cuda::CublasAvailable(&gemm);
+  std::printf("device 0: %s (sm_%d%d), driver CUDA %d.%d, runtime CUDA %d.%d, GEMM: %s\n", prop.name, prop.major,
+              prop.minor, driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10, gemm.c_str());
   const int failed = tf_glp::testing::RunAllTests();
   if (argc < 2 || std::strcmp(argv[1], "--no-timing") != 0) tf_glp::cuda::TimingTable();
   return failed;

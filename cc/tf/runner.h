@@ -32,9 +32,9 @@ class IntraOpRunner final : public core::ParallelRunner {
       if (num_tasks > 0) fn(0, num_tasks);
       return;
     }
-    // One task is a block of core::kElementsPerTask elements, far more than
-    // the pool's scheduling overhead: give a high cost so every task may run
-    // on its own thread.
+    // A task is a block of core::kElementsPerTask elements or a lane of a
+    // layer-concurrency op, far more than the pool's scheduling overhead:
+    // give a high cost so every task may run on its own thread.
     constexpr int64_t kCyclesPerTask = 1 << 20;
     pool_->ParallelFor(num_tasks, kCyclesPerTask, fn);
   }

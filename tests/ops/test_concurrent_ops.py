@@ -1,6 +1,10 @@
 """concurrent_conv2d / concurrent_matmul against TensorFlow's kernels, bitwise
 invariance over the number of lanes, gradients, fallbacks and bad input."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -272,3 +276,46 @@ def test_right_where_tensorflows_float32_conv_is_wrong(rng, native_mode, mode):
     expected = tf.nn.convolution(x.astype(np.float64), w.astype(np.float64), strides=(1, 2), padding="SAME")
     close(concurrent_conv2d(x, w, strides=(1, 2), padding="same", concurrency=2), expected, 1e-5)
     assert concurrent_conv2d(np.zeros((0, 8, 8, 2), np.float32), np.zeros((3, 3, 2, 4), np.float32), padding="same").shape == (0, 8, 8, 4)
+
+
+_THREAD_BOUND_SCRIPT = """
+import os, sys
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+tf.config.threading.set_inter_op_parallelism_threads(1)
+import numpy as np
+from tf_glp import native_available
+from tf_glp.ops import concurrent_conv2d, concurrent_matmul
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+rng = np.random.default_rng(0)
+x = tf.constant(rng.normal(size=(16, 12, 12, 8)), tf.float32)
+w = tf.constant(rng.normal(size=(3, 3, 8, 16)), tf.float32)
+a = tf.constant(rng.normal(size=(64, 96)), tf.float32)
+b = tf.constant(rng.normal(size=(96, 80)), tf.float32)
+tf.nn.conv2d(x, w, 1, "VALID").numpy(), tf.matmul(a, b).numpy()  # TensorFlow's own threads exist now
+before = threads()
+reference = (concurrent_conv2d(x, w, concurrency=1).numpy(), concurrent_matmul(a, b, concurrency=1).numpy())
+for _ in range(3):
+    results = (concurrent_conv2d(x, w, concurrency=8).numpy(), concurrent_matmul(a, b, concurrency=8).numpy())
+print(native_available().available, before, threads(),
+      all(np.array_equal(r, e) for r, e in zip(results, reference)))
+"""
+
+
+@pytest.mark.parametrize("intra_op_threads", [1, 2])
+def test_lanes_run_on_tensorflows_intra_op_pool(intra_op_threads):
+    # With 8 lanes asked, the ops create no threads of their own: their lanes
+    # are tasks of TensorFlow's intra-op pool, which
+    # set_intra_op_parallelism_threads bounds (no second pool next to it).
+    done = subprocess.run([sys.executable, "-c", _THREAD_BOUND_SCRIPT, str(intra_op_threads)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    native, before, after, equal = done.stdout.split()
+    if native != "True":
+        pytest.skip("the native op library is not loaded (the fallback uses TensorFlow's own kernels)")
+    assert int(after) == int(before)
+    assert equal == "True"

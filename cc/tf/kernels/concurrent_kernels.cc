@@ -1,10 +1,12 @@
 // CPU kernels of the layer-concurrency ops: checks and allocation (Prepare* in
 // concurrent_common.h, shared with the CUDA kernels), then the core
-// (cc/core/conv.h, matmul.h) on the process-wide CPU lane pool.
+// (cc/core/conv.h, matmul.h) with its lanes on TensorFlow's intra-op thread
+// pool (Note [Lane pool]).
 #include "cc/core/conv.h"
 #include "cc/core/lane_pool.h"
 #include "cc/core/matmul.h"
 #include "cc/tf/kernels/concurrent_common.h"
+#include "cc/tf/runner.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -19,6 +21,17 @@ using tensorflow::TensorShape;
 
 float* Data(Tensor* t) { return t->flat<float>().data(); }
 const float* Data(const Tensor& t) { return t.flat<float>().data(); }
+
+// The kernel's lanes: tasks of TensorFlow's intra-op pool (Note [Lane pool]).
+class Lanes {
+ public:
+  explicit Lanes(OpKernelContext* ctx) : threads_(ctx), lanes_(threads_) {}
+  operator const core::CpuLanePool&() const { return lanes_; }  // NOLINT (passed to the core as its pool)
+
+ private:
+  IntraOpRunner threads_;
+  core::CpuLanePool lanes_;
+};
 
 absl::Status Workspace(OpKernelContext* ctx, int64_t elements, Tensor* out) {
   return ctx->allocate_temp(tensorflow::DT_FLOAT, TensorShape({std::max<int64_t>(1, elements)}), out);
@@ -39,7 +52,7 @@ class ConcurrentConv2DOp : public OpKernel {
     Tensor workspace;
     OP_REQUIRES_OK(ctx, Workspace(ctx, core::Conv2DForwardWorkspace(shape, attrs_.lanes), &workspace));
     core::Conv2DForward(shape, Data(ctx->input(0)), Data(ctx->input(1)), Data(output), attrs_.lanes,
-                        Data(&workspace), core::CpuLanePool::Global());
+                        Data(&workspace), Lanes(ctx));
   }
 
  private:
@@ -62,7 +75,7 @@ class ConcurrentConv2DBackpropInputOp : public OpKernel {
     Tensor workspace;
     OP_REQUIRES_OK(ctx, Workspace(ctx, core::Conv2DBackpropInputWorkspace(shape, attrs_.lanes), &workspace));
     core::Conv2DBackpropInput(shape, Data(ctx->input(1)), Data(ctx->input(2)), Data(output),
-                              attrs_.lanes, Data(&workspace), core::CpuLanePool::Global());
+                              attrs_.lanes, Data(&workspace), Lanes(ctx));
   }
 
  private:
@@ -88,7 +101,7 @@ class ConcurrentConv2DBackpropFilterOp : public OpKernel {
     Tensor workspace;
     OP_REQUIRES_OK(ctx, Workspace(ctx, core::Conv2DBackpropFilterWorkspace(shape, attrs_.lanes), &workspace));
     core::Conv2DBackpropFilter(shape, Data(ctx->input(0)), Data(ctx->input(2)), Data(output),
-                               attrs_.lanes, Data(&workspace), core::CpuLanePool::Global());
+                               attrs_.lanes, Data(&workspace), Lanes(ctx));
   }
 
  private:
@@ -114,7 +127,7 @@ class ConcurrentMatMulOp : public OpKernel {
       return;
     }
     core::ConcurrentMatMul(d.m, d.n, d.k, Data(ctx->input(0)), Data(ctx->input(1)), transpose_b_,
-                           Data(output), lanes_, core::CpuLanePool::Global());
+                           Data(output), lanes_, Lanes(ctx));
   }
 
  private:
@@ -136,7 +149,7 @@ class ConcurrentMatMulGradWeightsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, PrepareMatMulGradWeights(ctx, kOp, &d, &output, &work));
     if (work == Work::kNone) return;
     core::MatMulGradWeights(d.m, d.k, d.n, Data(ctx->input(0)), Data(ctx->input(1)), Data(output),
-                            lanes_, core::CpuLanePool::Global());
+                            lanes_, Lanes(ctx));
   }
 
  private:
