@@ -124,10 +124,12 @@ def test_mismatched_and_broken_plans_are_reprofiled(tmp_path):
 def test_with_tf_glp_strategy(update, tmp_path, monkeypatch):
     _forced(monkeypatch, 2)
     strategy = tf_glp.Strategy(["/cpu:0", "/cpu:1"], update=update, chunking="none")
-    callback = ConcurrencyProfiler(trials=1, plan_path=None, verbose=0, batch_size=32)
+    path = str(tmp_path / "plan.json")
+    callback = ConcurrencyProfiler(trials=1, plan_path=path, verbose=0, batch_size=32)
     model, loss = _train(_functional, [callback], strategy=strategy)
     assert callback.plan.layers[0].input_shape[0] == 16  # each replica's share
     assert "chunks in use" in plan_lib.table(callback.plan)  # the Strategy's decision, in the same table
+    assert plan_lib.read(path).notes == [strategy.explain()]  # and in the plan file
     reference, reference_loss = _train(_functional, [], strategy=tf.distribute.MirroredStrategy(
         ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()))
     np.testing.assert_allclose(loss, reference_loss, rtol=1e-5)

@@ -88,9 +88,7 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         # Profile outside any replica context, on the first device.
         self.plan, self.reused = profiler.load_or_profile(
             layers, self._replica_batch(), self.plan_path, self.candidates, self.trials, self.verbose)
-        strategy = self.model.distribute_strategy
-        if hasattr(strategy, "explain"):
-            self.plan.notes = [strategy.explain()]
+        self._record_strategy()
         if profiler.apply_plan(layers, self.plan):
             # fit() made its step functions before this hook but has not
             # traced them yet: new ones trace the new kernels, at no extra cost.
@@ -103,7 +101,22 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         if self.log_dir:
             write_summaries(self.plan, self.log_dir)
 
+    def _record_strategy(self) -> bool:
+        """Puts tf_glp.Strategy's chunking decision (explain()) in the plan's
+        notes, and in the plan file when it changed; True if it changed."""
+        explain = getattr(self.model.distribute_strategy, "explain", None)
+        if explain is None or self.plan.notes == [explain()]:
+            return False
+        self.plan.notes = [explain()]
+        if self.plan_path:
+            plan_lib.write(self.plan, self.plan_path)
+        return True
+
     def on_train_end(self, logs=None):
+        # On GPUs, chunking="auto" decides during the first steps: the note
+        # taken at the start says so, the one taken now says what it chose.
+        if self.plan is not None and self._record_strategy() and self.log_dir:
+            write_summaries(self.plan, self.log_dir, step=1)
         if self.strip_path:
             from tf_glp.layers import strip  # noqa: PLC0415
 
@@ -112,10 +125,11 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
                 print(f"tf_glp: saved {self.strip_path} with plain Keras layers (loads without tf_glp)")
 
 
-def write_summaries(plan: plan_lib.Plan, log_dir: str) -> None:
-    """The plan in TensorBoard: table (text), chart (image), levels (scalars)."""
+def write_summaries(plan: plan_lib.Plan, log_dir: str, step: int = 0) -> None:
+    """The plan in TensorBoard: table (text, with the notes), chart (image),
+    levels (scalars)."""
     writer = tf.summary.create_file_writer(log_dir)
-    with writer.as_default(step=0):
+    with writer.as_default(step=step):
         tf.summary.text("tf_glp/concurrency_plan", "```\n" + plan_lib.table(plan) + "\n```")
         tf.summary.image("tf_glp/concurrency_chart", plan_lib.bar_chart(plan)[None])
         for layer in plan.layers:
