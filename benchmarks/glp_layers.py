@@ -3,7 +3,9 @@ concurrent layers at k = 1, 2, 4 lanes, measured in one run (issue 5).
 
 Layers: a small quickstart CNN (Conv2D 32 3x3 on 32x32x3 -> pool -> Conv2D 64
 3x3 -> pool -> Dense 128 -> Dense 10) and a VGG-style block (Conv2D 64 3x3
-"same" on 32x32x64), at batch 8, 32 and 128. Each step computes the layer's
+"same" on 32x32x64), at batch 8, 32 and 128; then three 16-bit rows
+(mixed_float16 / mixed_bfloat16 policies, both sides in the same policy).
+Each step computes the layer's
 output and the gradients of its weights (and of its input, except for the
 first layer of the network, whose input is data), inside tf.function, the
 way model.fit runs it. Prints a Markdown table: median milliseconds per step
@@ -52,7 +54,17 @@ LAYERS = [
 ]
 
 
-def make_layer(kind: str, kwargs: dict, concurrency: int | None, native: bool):
+# 16-bit rows (mixed precision, issue 14): name suffix, policy, batch.
+MIXED = [
+    ("quickstart conv2 15x15x32 -> 64 3x3", "mixed_float16", 32),
+    ("VGG block conv 32x32x64 -> 64 3x3 same", "mixed_bfloat16", 32),
+    ("quickstart dense 2304 -> 128", "mixed_float16", 128),
+]
+
+
+def make_layer(kind: str, kwargs: dict, concurrency: int | None, native: bool, policy: str | None = None):
+    if policy:
+        kwargs = dict(kwargs, dtype=policy)
     if kind == "conv":
         return keras.layers.Conv2D(**kwargs) if native else glp_layers.Conv2D(**kwargs, concurrency=concurrency)
     return keras.layers.Dense(**kwargs) if native else glp_layers.Dense(**kwargs, concurrency=concurrency)
@@ -62,7 +74,7 @@ def time_step(layer, x: tf.Tensor, input_grad: bool, reps: int, weights) -> floa
     if not layer.built:
         layer.build(x.shape)
     layer.set_weights(weights)
-    dy = tf.random.stateless_normal(layer.compute_output_shape(x.shape), seed=[1, 2])
+    dy = tf.cast(tf.random.stateless_normal(layer.compute_output_shape(x.shape), seed=[1, 2]), layer.compute_dtype)
 
     @tf.function
     def step(x, dy):
@@ -97,25 +109,34 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores"
 
 
+def measure(name: str, shape, kind: str, kwargs: dict, input_grad: bool, batch: int, reps: int,
+            policy: str | None = None) -> str:
+    rng = np.random.default_rng(0)
+    reference = make_layer(kind, kwargs, None, native=True, policy=policy)
+    x = tf.cast(rng.standard_normal((batch, *shape)).astype(np.float32), reference.compute_dtype)
+    reference.build(x.shape)
+    weights = reference.get_weights()
+    native_ms = time_step(reference, x, input_grad, reps, weights)
+    glp_ms = {k: time_step(make_layer(kind, kwargs, k, native=False, policy=policy), x, input_grad, reps, weights)
+              for k in LANES}
+    best_k = min(glp_ms, key=glp_ms.get)
+    label = f"{name}, {policy}" if policy else name
+    row = (f"| {label} | {batch} | {native_ms:.2f} | " + " | ".join(f"{glp_ms[k]:.2f}" for k in LANES)
+           + f" | {best_k} | {glp_ms[1] / glp_ms[best_k]:.2f}x | {native_ms / glp_ms[best_k]:.2f}x |")
+    print(row, flush=True)
+    return row
+
+
 def run(reps_override: int | None) -> str:
     rows = []
+    specs = {name: (shape, spec, input_grad) for name, shape, spec, input_grad in LAYERS}
     for name, shape, (kind, kwargs), input_grad in LAYERS:
         for batch in BATCHES:
-            rng = np.random.default_rng(0)
-            x = tf.constant(rng.standard_normal((batch, *shape)).astype(np.float32))
-            reference = make_layer(kind, kwargs, None, native=True)
-            reference.build(x.shape)
-            weights = reference.get_weights()
-            reps = reps_override or reps_for(batch, name)
-            native_ms = time_step(reference, x, input_grad, reps, weights)
-            glp_ms = {k: time_step(make_layer(kind, kwargs, k, native=False), x, input_grad, reps, weights) for k in LANES}
-            best_k = min(glp_ms, key=glp_ms.get)
-            rows.append(
-                f"| {name} | {batch} | {native_ms:.2f} | "
-                + " | ".join(f"{glp_ms[k]:.2f}" for k in LANES)
-                + f" | {best_k} | {glp_ms[1] / glp_ms[best_k]:.2f}x | {native_ms / glp_ms[best_k]:.2f}x |"
-            )
-            print(rows[-1], flush=True)
+            rows.append(measure(name, shape, kind, kwargs, input_grad, batch, reps_override or reps_for(batch, name)))
+    for name, policy, batch in MIXED:
+        shape, (kind, kwargs), input_grad = specs[name]
+        rows.append(measure(name, shape, kind, kwargs, input_grad, batch, reps_override or reps_for(batch, name),
+                            policy))
     header = (
         "| layer (fwd+bwd) | batch | Keras native ms | GLP k=1 ms | GLP k=2 ms | GLP k=4 ms | best k | k best / k1 | native / GLP best |\n"
         "|---|---|---|---|---|---|---|---|---|"

@@ -13,6 +13,15 @@
 #include <cstdint>
 #include <cstring>
 
+// The conversions are also device functions when nvcc compiles this header
+// (the CUDA backend's 16-bit conversions, cc/cuda/lane_pool_cuda.cu): one
+// definition of the rounding for both backends.
+#if defined(__CUDACC__)
+#define TF_GLP_HOST_DEVICE __host__ __device__
+#else
+#define TF_GLP_HOST_DEVICE
+#endif
+
 namespace tf_glp::core {
 
 // The conversion helpers below are `static inline`: the per-ISA kernel files
@@ -34,22 +43,30 @@ struct Float16 {
   uint16_t bits;
 };
 
-static inline uint32_t FloatBits(float f) {
+TF_GLP_HOST_DEVICE static inline uint32_t FloatBits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
   return u;
+#endif
 }
 
-static inline float BitsToFloat(uint32_t u) {
+TF_GLP_HOST_DEVICE static inline float BitsToFloat(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
   float f;
   std::memcpy(&f, &u, sizeof(f));
   return f;
+#endif
 }
 
-static inline float ToFloat(float x) { return x; }
-static inline float ToFloat(BFloat16 x) { return BitsToFloat(uint32_t{x.bits} << 16); }
+TF_GLP_HOST_DEVICE static inline float ToFloat(float x) { return x; }
+TF_GLP_HOST_DEVICE static inline float ToFloat(BFloat16 x) { return BitsToFloat(uint32_t{x.bits} << 16); }
 
-static inline float ToFloat(Float16 x) {
+TF_GLP_HOST_DEVICE static inline float ToFloat(Float16 x) {
   const uint32_t h = x.bits;
   const uint32_t sign = (h & 0x8000u) << 16;
   const uint32_t exponent = (h >> 10) & 0x1fu;
@@ -67,7 +84,7 @@ static inline float ToFloat(Float16 x) {
 }
 
 // See Note [Rounding to 16 bits].
-static inline BFloat16 ToBFloat16(float f) {
+TF_GLP_HOST_DEVICE static inline BFloat16 ToBFloat16(float f) {
   const uint32_t u = FloatBits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) {
     return BFloat16{static_cast<uint16_t>(((u >> 16) & 0x8000u) | 0x7fc0u)};
@@ -78,7 +95,7 @@ static inline BFloat16 ToBFloat16(float f) {
 
 // See Note [Rounding to 16 bits]. Integer-only, so it does not depend on the
 // floating-point environment (TensorFlow's threads flush denormals).
-static inline Float16 ToFloat16(float f) {
+TF_GLP_HOST_DEVICE static inline Float16 ToFloat16(float f) {
   const uint32_t u = FloatBits(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t a = u & 0x7fffffffu;
@@ -106,9 +123,9 @@ static inline Float16 ToFloat16(float f) {
   return Float16{static_cast<uint16_t>(sign | (a >> 13))};
 }
 
-static inline void FromFloat(float x, float* out) { *out = x; }
-static inline void FromFloat(float x, BFloat16* out) { *out = ToBFloat16(x); }
-static inline void FromFloat(float x, Float16* out) { *out = ToFloat16(x); }
+TF_GLP_HOST_DEVICE static inline void FromFloat(float x, float* out) { *out = x; }
+TF_GLP_HOST_DEVICE static inline void FromFloat(float x, BFloat16* out) { *out = ToBFloat16(x); }
+TF_GLP_HOST_DEVICE static inline void FromFloat(float x, Float16* out) { *out = ToFloat16(x); }
 
 }  // namespace tf_glp::core
 

@@ -163,6 +163,23 @@ __global__ void SumPartialsKernel(const float* partials, int64_t groups, int64_t
   }
 }
 
+// 16-bit <-> float32 with the core's rounding (Note [Rounding to 16 bits]).
+template <class Half>
+__global__ void WidenKernel(const Half* in, float* out, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = core::ToFloat(in[i]);
+  }
+}
+
+template <class Half>
+__global__ void NarrowKernel(const float* in, Half* out, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    core::FromFloat(in[i], &out[i]);
+  }
+}
+
 int Blocks(int64_t total) {
   return static_cast<int>(std::min<int64_t>((total + 255) / 256, 4096));
 }
@@ -447,6 +464,42 @@ std::string Conv2DBackpropFilter(const core::Conv2DShape& s, const float* input,
     }
     return "";
   }, sum_partials);
+}
+
+std::string ToFloat32(const void* input, core::DType dtype, float* output, int64_t count, cudaStream_t stream,
+                      int device) {
+  if (count <= 0) return "";
+  DeviceScope scope(device);
+  std::string error = scope.Enter();
+  if (!error.empty()) return error;
+  if (dtype == core::DType::kFloat16) {
+    WidenKernel<<<Blocks(count), 256, 0, stream>>>(static_cast<const core::Float16*>(input), output, count);
+  } else if (dtype == core::DType::kBFloat16) {
+    WidenKernel<<<Blocks(count), 256, 0, stream>>>(static_cast<const core::BFloat16*>(input), output, count);
+  } else {
+    TF_GLP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(output, input, sizeof(float) * count, cudaMemcpyDeviceToDevice,
+                                                stream));
+  }
+  TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return "";
+}
+
+std::string FromFloat32(const float* input, core::DType dtype, void* output, int64_t count, cudaStream_t stream,
+                        int device) {
+  if (count <= 0) return "";
+  DeviceScope scope(device);
+  std::string error = scope.Enter();
+  if (!error.empty()) return error;
+  if (dtype == core::DType::kFloat16) {
+    NarrowKernel<<<Blocks(count), 256, 0, stream>>>(input, static_cast<core::Float16*>(output), count);
+  } else if (dtype == core::DType::kBFloat16) {
+    NarrowKernel<<<Blocks(count), 256, 0, stream>>>(input, static_cast<core::BFloat16*>(output), count);
+  } else {
+    TF_GLP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(output, input, sizeof(float) * count, cudaMemcpyDeviceToDevice,
+                                                stream));
+  }
+  TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return "";
 }
 
 std::string MatMul(int64_t m, int64_t n, int64_t k, const float* a, const float* b,

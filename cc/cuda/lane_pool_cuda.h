@@ -28,6 +28,7 @@
 #include <string>
 
 #include "cc/core/conv.h"
+#include "cc/core/dtype.h"
 #include "cc/core/gemm.h"
 #include "cc/core/matmul.h"
 #include "cc/core/work_plan.h"
@@ -100,6 +101,14 @@ std::string MatMul(int64_t m, int64_t n, int64_t k, const float* a, const float*
 std::string MatMulGradWeights(int64_t m, int64_t k, int64_t n, const float* a,
                               const float* output_grad, float* grad_weights,
                               int num_lanes, cudaStream_t stream, int device);
+
+// 16-bit layers (mixed precision): inputs widened to float32, the float32
+// ops above, the result rounded once (Note [Rounding to 16 bits] in
+// cc/core/dtype.h), on `stream` with `device` current.
+std::string ToFloat32(const void* input, core::DType dtype, float* output, int64_t count, cudaStream_t stream,
+                      int device);
+std::string FromFloat32(const float* input, core::DType dtype, void* output, int64_t count, cudaStream_t stream,
+                        int device);
 
 }  // namespace tf_glp::cuda
 

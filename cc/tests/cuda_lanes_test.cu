@@ -248,6 +248,31 @@ TEST(BuiltinGemmLoopsOverMoreRowTilesThanGridYHolds) {
   EXPECT_TRUE(std::memcmp(got.data(), want.data(), 4 * got.size()) == 0);
 }
 
+// Note [16-bit layers]: the device conversions round exactly as the core's
+// scalar reference (cc/core/dtype.h), including subnormals, inf and NaN.
+TEST(SixteenBitConversionsMatchTheCore) {
+  std::vector<float> values = Random(4096, 11);
+  for (float special : {0.0f, -0.0f, 65504.0f, 65520.0f, 1e-8f, 6e-5f, 3.0e38f, INFINITY, -INFINITY, NAN}) {
+    values.push_back(special);
+  }
+  DeviceBuffer wide(values), back(values.size());
+  void* narrow = nullptr;
+  CHECK_CUDA(cudaMalloc(&narrow, 2 * values.size()));
+  const int64_t n = static_cast<int64_t>(values.size());
+  for (core::DType dtype : {core::DType::kFloat16, core::DType::kBFloat16}) {
+    CHECK_OK(FromFloat32(wide.ptr, dtype, narrow, n, nullptr, 0));
+    CHECK_OK(ToFloat32(narrow, dtype, back.ptr, n, nullptr, 0));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<float> got = back.Get(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const float want = dtype == core::DType::kFloat16 ? core::ToFloat(core::ToFloat16(values[i]))
+                                                         : core::ToFloat(core::ToBFloat16(values[i]));
+      EXPECT_TRUE(std::memcmp(&got[i], &want, 4) == 0);
+    }
+  }
+  cudaFree(narrow);
+}
+
 TEST(BadLaneCountIsAnError) {
   core::Conv2DShape s;
   s.batch = 1, s.in_h = 4, s.in_w = 4, s.in_c = 1, s.filter_h = 3, s.filter_w = 3, s.out_c = 1;

@@ -197,3 +197,44 @@ def test_ineligible_layers_run_the_keras_kernel(rng):
     np.testing.assert_array_equal(layer(x), reference(x))
     first = Conv2D(3, 3, data_format="channels_first", concurrency=2)
     assert not first._runs_concurrently(tf.zeros([1, 2, 6, 6]))
+
+
+@pytest.fixture
+def mixed_policy(request):
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(request.param)
+    yield request.param
+    keras.config.set_dtype_policy(previous)
+
+
+# Tolerances against Keras' own layers under the same policy. Both compute in
+# float32 and round once to 16 bits; the forward outputs were seen bitwise
+# equal, but the float32 sums run in different orders, so a result can land
+# one 16-bit ulp apart (float16: 2^-11 relative, bfloat16: 2^-8), and after
+# two epochs such differences compound (seen: weights 1.5e-4 apart in
+# float16, 2.5e-3 in bfloat16; losses 2e-5 and 2e-4 relative).
+_MIXED_RTOL = {"mixed_float16": 2e-3, "mixed_bfloat16": 1e-2}
+
+
+@pytest.mark.parametrize("mixed_policy", ["mixed_float16", "mixed_bfloat16"], indirect=True)
+def test_mixed_precision_layers_run_concurrently(rng, mixed_policy):
+    x = rng.standard_normal((64, 12, 12, 3)).astype(np.float32)
+    y = rng.standard_normal((64, 4)).astype(np.float32)
+    compute = mixed_policy.split("_")[1]
+    models = {k: convert(small_cnn(seed=3), concurrency=k) for k in (1, 3)}
+    for model in models.values():
+        assert all(layer._runs_concurrently(tf.zeros([1, *layer.input.shape[1:]], compute))
+                   for layer in model.layers if isinstance(layer, (Conv2D, Dense)))
+    outputs = {k: model(x[:8]) for k, model in models.items()}
+    assert outputs[1].dtype == compute
+    reference = small_cnn(seed=3)
+    np.testing.assert_array_equal(outputs[1].numpy(), outputs[3].numpy())  # bitwise for every k
+    np.testing.assert_allclose(np.float32(outputs[1]), np.float32(reference(x[:8])),
+                               rtol=_MIXED_RTOL[mixed_policy], atol=_MIXED_RTOL[mixed_policy])
+    loss_ref, weights_ref = train(reference, x, y)
+    trained = {k: train(model, x, y) for k, model in models.items()}
+    for a, b in zip(trained[1][1], trained[3][1]):
+        np.testing.assert_array_equal(a, b)  # training too: bitwise for every k
+    np.testing.assert_allclose(trained[1][0], loss_ref, rtol=_MIXED_RTOL[mixed_policy])
+    for a, b in zip(trained[1][1], weights_ref):
+        np.testing.assert_allclose(a, b, rtol=_MIXED_RTOL[mixed_policy], atol=_MIXED_RTOL[mixed_policy])

@@ -198,8 +198,8 @@ def test_native_op_checks_concurrency_itself():
         ([4, 4, 1], [3, 3, 1, 1], tf.float32, "inputs must be 4-D"),
         ([1, 4, 4, 1], [3, 3, 1], tf.float32, "filters must be 4-D"),
         ([1, 4, 4, 2], [3, 3, 1, 1], tf.float32, "2 channels but the filters expect 1"),
-        ([1, 4, 4, 1], [3, 3, 1, 1], tf.float64, "float32, got float64"),
-        ([1, 4, 4, 1], [3, 3, 1, 1], tf.int32, "float32, got int32"),
+        ([1, 4, 4, 1], [3, 3, 1, 1], tf.float64, "float32, float16 or bfloat16, got float64"),
+        ([1, 4, 4, 1], [3, 3, 1, 1], tf.int32, "float32, float16 or bfloat16, got int32"),
     ],
 )
 def test_bad_conv_input_is_an_invalid_argument_error(x_shape, w_shape, dtype, match):
@@ -222,8 +222,10 @@ def test_bad_matmul_input_is_an_invalid_argument_error():
         concurrent_matmul(tf.zeros([2, 3]), tf.zeros([4, 5]))
     with pytest.raises(tf.errors.InvalidArgumentError, match="must be 2-D"):
         concurrent_matmul(tf.zeros([2, 3, 1]), tf.zeros([3, 5]))
-    with pytest.raises(tf.errors.InvalidArgumentError, match="float32, got float16"):
-        concurrent_matmul(tf.zeros([2, 3], tf.float16), tf.zeros([3, 5], tf.float16))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="float32, float16 or bfloat16, got float64"):
+        concurrent_matmul(tf.zeros([2, 3], tf.float64), tf.zeros([3, 5], tf.float64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="a and b must have the same dtype, got float16 and float32"):
+        concurrent_matmul(tf.zeros([2, 3], tf.float16), tf.zeros([3, 5], tf.float32))
 
 
 @settings(max_examples=30, deadline=None)
@@ -319,3 +321,34 @@ def test_lanes_run_on_tensorflows_intra_op_pool(intra_op_threads):
         pytest.skip("the native op library is not loaded (the fallback uses TensorFlow's own kernels)")
     assert int(after) == int(before)
     assert equal == "True"
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("native", ["auto", "0"])
+def test_16_bit_ops_compute_in_float32_and_round_once(dtype, native, native_mode, rng):
+    # Note [16-bit layers]: the result, and both gradients, are the float32
+    # op's on the widened inputs, rounded once to the dtype (bitwise), and
+    # the same for every concurrency.
+    native_mode(native)
+    x = tf.cast(tf.constant(rng.standard_normal((5, 9, 8, 3)), tf.float32), dtype)
+    w = tf.cast(tf.constant(rng.standard_normal((3, 3, 3, 4)), tf.float32), dtype)
+    dy_conv = tf.cast(tf.constant(rng.standard_normal((5, 9, 8, 4)), tf.float32), dtype)
+    a = tf.cast(tf.constant(rng.standard_normal((300, 40)), tf.float32), dtype)
+    b = tf.cast(tf.constant(rng.standard_normal((40, 290)), tf.float32), dtype)
+    dy_mm = tf.cast(tf.constant(rng.standard_normal((300, 290)), tf.float32), dtype)
+
+    def conv(x, w, k):
+        return concurrent_conv2d(x, w, padding="same", concurrency=k)
+
+    def matmul(x, w, k):
+        return concurrent_matmul(x, w, concurrency=k)
+
+    for fn, inputs, dy in ((conv, (x, w), dy_conv), (matmul, (a, b), dy_mm)):
+        wide = [tf.cast(t, tf.float32) for t in inputs]
+        expected = [tf.cast(r, dtype).numpy() for r in conv_and_grads(
+            lambda p, q: fn(p, q, 1), *wide, tf.cast(dy, tf.float32))]
+        for k in (1, 3):
+            got = conv_and_grads(lambda p, q, k=k: fn(p, q, k), *inputs, dy)
+            for g, e in zip(got, expected):
+                assert g.dtype == dtype.as_numpy_dtype
+                np.testing.assert_array_equal(g.view(np.uint16), e.view(np.uint16))

@@ -8,9 +8,11 @@ Weights, their names and order are those of the Keras layers, so weights move
 freely between a Keras model and its GLP twin. `convert(model)` makes the twin
 of a whole model.
 
+Under the mixed_float16 / mixed_bfloat16 policies the concurrent ops run in
+the compute dtype (float32 accumulation, one rounding; Note [16-bit layers]).
 Layers that the concurrent ops cannot run (channels_first, groups > 1, a
-compute dtype other than float32, LoRA or quantization) run the Keras kernel,
-whatever `concurrency` says.
+compute dtype other than float32 / float16 / bfloat16, LoRA or quantization)
+run the Keras kernel, whatever `concurrency` says.
 """
 
 from __future__ import annotations
@@ -56,8 +58,7 @@ class Conv2D(keras.layers.Conv2D):
             and self.data_format == "channels_last"
             and self.groups == 1
             and not self.lora_enabled
-            and getattr(inputs, "dtype", None) == tf.float32
-            and self.compute_dtype == "float32"
+            and _concurrent_dtype(inputs, self)
         )
 
     def convolution_op(self, inputs, kernel):
@@ -65,7 +66,7 @@ class Conv2D(keras.layers.Conv2D):
             return super().convolution_op(inputs, kernel)
         return concurrent_conv2d(
             inputs,
-            tf.convert_to_tensor(kernel),
+            tf.cast(kernel, inputs.dtype),  # the compute dtype, as Keras' own op casts it
             strides=list(self.strides),
             padding=self.padding,
             dilations=list(self.dilation_rate),
@@ -105,14 +106,13 @@ class Dense(keras.layers.Dense):
             and not self.lora_enabled
             and not self.quantization_mode
             and isinstance(inputs, tf.Tensor)
-            and inputs.dtype == tf.float32
-            and self.compute_dtype == "float32"
+            and _concurrent_dtype(inputs, self)
         )
 
     def call(self, inputs, training=None):
         if not self._runs_concurrently(inputs):
             return super().call(inputs, training=training)
-        kernel = tf.convert_to_tensor(self.kernel)
+        kernel = tf.cast(self.kernel, inputs.dtype)  # the compute dtype, as Keras' own op casts it
         rows = inputs
         if inputs.shape.rank != 2:
             rows = tf.reshape(inputs, [-1, kernel.shape[0]])
@@ -121,7 +121,7 @@ class Dense(keras.layers.Dense):
             x = tf.reshape(x, tf.concat([tf.shape(inputs)[:-1], [self.units]], axis=0))
             x.set_shape(inputs.shape[:-1].concatenate([self.units]))
         if self.bias is not None:
-            x = tf.add(x, tf.convert_to_tensor(self.bias))
+            x = tf.add(x, tf.cast(self.bias, x.dtype))
         if self.activation is not None:
             x = self.activation(x)
         return x
@@ -132,6 +132,16 @@ class Dense(keras.layers.Dense):
         return config
 
 
+_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _concurrent_dtype(inputs, layer) -> bool:
+    """Inputs in the layer's compute dtype, one the concurrent ops take
+    (float16 / bfloat16: computed in float32, rounded once)."""
+    dtype = getattr(inputs, "dtype", None)
+    return dtype is not None and dtype.name == layer.compute_dtype and layer.compute_dtype in _DTYPES
+
+
 _TWINS = {keras.layers.Conv2D: Conv2D, keras.layers.Dense: Dense}
 _PLAIN = {glp: plain for plain, glp in _TWINS.items()}
 
@@ -139,11 +149,12 @@ _PLAIN = {glp: plain for plain, glp in _TWINS.items()}
 def is_eligible(layer: keras.layers.Layer, include_keras_layers: bool = True) -> bool:
     """Whether the concurrent ops can run `layer`: a tf_glp Conv2D / Dense,
     or (include_keras_layers) a plain keras.layers.Conv2D / Dense, that is
-    built, float32, channels_last, ungrouped, without LoRA or quantization."""
+    built, computing in float32, float16 or bfloat16 (mixed precision),
+    channels_last, ungrouped, without LoRA or quantization."""
     kind = type(layer)
     if kind not in _PLAIN and not (include_keras_layers and kind in _TWINS):
         return False
-    if not layer.built or layer.compute_dtype != "float32" or getattr(layer, "lora_enabled", False):
+    if not layer.built or layer.compute_dtype not in _DTYPES or getattr(layer, "lora_enabled", False):
         return False
     if isinstance(layer, keras.layers.Conv2D):
         return layer.data_format == "channels_last" and layer.groups == 1

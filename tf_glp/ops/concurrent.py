@@ -2,11 +2,13 @@
 
 `concurrent_conv2d` and `concurrent_matmul` compute what `tf.nn.convolution`
 and `tf.matmul` compute, with the batch split over `concurrency` lanes
-(worker threads on a CPU, CUDA streams on a GPU; see Note [Lane pool] in
-cc/core/lane_pool.h). For a given input every output and gradient is bitwise
-identical for every `concurrency` and every run (Note [Concurrent
-determinism] in cc/core/conv.h); against TensorFlow's own kernels results
-agree to float32 rounding.
+(tasks of TensorFlow's intra-op pool on a CPU, CUDA streams on a GPU; see
+Note [Lane pool] in cc/core/lane_pool.h). For a given input every output and
+gradient is bitwise identical for every `concurrency` and every run (Note
+[Concurrent determinism] in cc/core/conv.h); against TensorFlow's own kernels
+results agree to float32 rounding. float16 and bfloat16 inputs (mixed
+precision) are computed in float32 and rounded once to their dtype (Note
+[16-bit layers] in cc/tf/kernels/concurrent_kernels.h).
 
 Without the native library (see tf_glp._native) the ops run pure TensorFlow
 (im2col by `tf.image.extract_patches` + `tf.matmul`, and their gradients), which ignores
@@ -47,11 +49,30 @@ def _padding(padding: str, op_name: str) -> str:
     return padding.upper()
 
 
-def _float32(value, op_name: str, what: str) -> tf.Tensor:
-    tensor = tf.convert_to_tensor(value)
-    if tensor.dtype != tf.float32:
-        raise invalid(f"{op_name}: {what} must be float32, got {tensor.dtype.name}")
-    return tensor
+FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
+
+
+def _floats(op_name: str, **named) -> list[tf.Tensor]:
+    """The named values as tensors of one float dtype (float32, or float16 /
+    bfloat16 for mixed precision), or InvalidArgumentError naming the bad one."""
+    tensors = {what: tf.convert_to_tensor(value) for what, value in named.items()}
+    for what, tensor in tensors.items():
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise invalid(f"{op_name}: {what} must be float32, float16 or bfloat16, got {tensor.dtype.name}")
+    dtypes = {tensor.dtype for tensor in tensors.values()}
+    if len(dtypes) > 1:
+        raise invalid(f"{op_name}: " + " and ".join(tensors) + " must have the same dtype, got "
+                      + " and ".join(t.dtype.name for t in tensors.values()))
+    return list(tensors.values())
+
+
+def _in_float32(fn, *tensors: tf.Tensor) -> tf.Tensor:
+    """fn on the tensors widened to float32, rounded once to their dtype: the
+    fallbacks' form of Note [16-bit layers] (cc/tf/kernels/concurrent_kernels.h)."""
+    dtype = tensors[0].dtype
+    if dtype == tf.float32:
+        return fn(*tensors)
+    return tf.cast(fn(*(tf.cast(t, tf.float32) for t in tensors)), dtype)
 
 
 def _rank(tensor: tf.Tensor, rank: int, op_name: str, what: str, layout: str) -> None:
@@ -77,15 +98,16 @@ def concurrent_conv2d(
     depend on `concurrency`.
 
     Args:
-        inputs: float32 [batch, height, width, in_channels].
-        filters: float32 [filter_height, filter_width, in_channels, out_channels].
+        inputs: float32, float16 or bfloat16 [batch, height, width, in_channels].
+        filters: [filter_height, filter_width, in_channels, out_channels], the
+            dtype of `inputs`.
         strides: An int or (height, width) pair, each >= 1.
         padding: "valid" or "same" (any case), as tf.nn.convolution.
         dilations: An int or (height, width) pair, each >= 1.
         concurrency: Number of lanes, 1..64.
 
     Returns:
-        float32 [batch, out_height, out_width, out_channels].
+        [batch, out_height, out_width, out_channels], the dtype of `inputs`.
 
     Raises:
         ValueError: for a bad concurrency, padding, strides or dilations.
@@ -104,8 +126,7 @@ def concurrent_conv2d(
     strides = _pair(strides, "strides", name)
     dilations = _pair(dilations, "dilations", name)
     padding = _padding(padding, name)
-    inputs = _float32(inputs, name, "inputs")
-    filters = _float32(filters, name, "filters")
+    inputs, filters = _floats(name, inputs=inputs, filters=filters)
     _rank(inputs, 4, name, "inputs", "[batch, height, width, channels]")
     _rank(filters, 4, name, "filters", "[height, width, in_channels, out_channels]")
     in_channels, filter_channels = inputs.shape[-1], filters.shape[2]
@@ -116,7 +137,7 @@ def concurrent_conv2d(
         return native.glp_concurrent_conv2d(
             inputs, filters, strides=strides, padding=padding, dilations=dilations, concurrency=concurrency
         )
-    return _fallback_conv2d(inputs, filters, strides, padding, dilations)
+    return _in_float32(lambda x, w: _fallback_conv2d(x, w, strides, padding, dilations), inputs, filters)
 
 
 def _fallback_conv2d(inputs, filters, strides, padding, dilations) -> tf.Tensor:
@@ -151,13 +172,13 @@ def concurrent_matmul(
     """a @ b (or a @ b^T) with the rows of `a` split over lanes.
 
     Args:
-        a: float32 [rows, inner].
-        b: float32 [inner, cols], or [cols, inner] when transpose_b.
+        a: float32, float16 or bfloat16 [rows, inner].
+        b: [inner, cols], or [cols, inner] when transpose_b; the dtype of `a`.
         transpose_b: Multiply by b transposed.
         concurrency: Number of lanes, 1..64.
 
     Returns:
-        float32 [rows, cols]. Every element of the result and of both
+        [rows, cols], the dtype of `a`. Every element of the result and of both
         gradients is an in-order sum computed by one lane, so results do not
         depend on `concurrency`.
 
@@ -173,8 +194,7 @@ def concurrent_matmul(
     """
     name = "concurrent_matmul"
     concurrency = check_concurrency(concurrency, name)
-    a = _float32(a, name, "a")
-    b = _float32(b, name, "b")
+    a, b = _floats(name, a=a, b=b)
     _rank(a, 2, name, "a", "[rows, inner]")
     _rank(b, 2, name, "b", "[inner, cols]" if not transpose_b else "[cols, inner]")
     inner_a, inner_b = a.shape[1], b.shape[1 if transpose_b else 0]
@@ -183,7 +203,7 @@ def concurrent_matmul(
     native = _native.library()
     if native is not None:
         return native.glp_concurrent_mat_mul(a, b, transpose_b=bool(transpose_b), concurrency=concurrency)
-    return tf.matmul(a, b, transpose_b=bool(transpose_b))
+    return _in_float32(lambda x, y: tf.matmul(x, y, transpose_b=bool(transpose_b)), a, b)
 
 
 def _conv_attrs(op: tf.Operation) -> dict:

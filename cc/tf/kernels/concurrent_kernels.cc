@@ -1,9 +1,11 @@
 // CPU backend of the layer-concurrency ops (concurrent_kernels.h): the core
 // (cc/core/conv.h, matmul.h) with its lanes on TensorFlow's intra-op thread
 // pool (Note [Lane pool]).
+#include <cstring>
 #include <memory>
 
 #include "cc/core/conv.h"
+#include "cc/core/dtype.h"
 #include "cc/core/lane_pool.h"
 #include "cc/core/matmul.h"
 #include "cc/tf/kernels/concurrent_kernels.h"
@@ -11,6 +13,11 @@
 
 namespace tf_glp::tf {
 namespace {
+
+template <class From, class To>
+void Convert(const From* input, To* output, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) core::FromFloat(core::ToFloat(input[i]), &output[i]);
+}
 
 struct CpuBackend {
   struct Device {
@@ -24,7 +31,25 @@ struct CpuBackend {
     return absl::OkStatus();
   }
   static absl::Status Zero(const Device&, tensorflow::Tensor* output) {
-    output->flat<float>().setZero();
+    std::memset(output->data(), 0, output->TotalBytes());  // +0.0 in every float type
+    return absl::OkStatus();
+  }
+  // Note [16-bit layers]: exact widening, one rounding (core/dtype.h).
+  static absl::Status ToFloat32(const Device&, const void* input, core::DType dtype, float* output, int64_t count) {
+    if (dtype == core::DType::kFloat16) {
+      Convert(static_cast<const core::Float16*>(input), output, count);
+    } else {
+      Convert(static_cast<const core::BFloat16*>(input), output, count);
+    }
+    return absl::OkStatus();
+  }
+  static absl::Status FromFloat32(const Device&, const float* input, core::DType dtype, void* output,
+                                  int64_t count) {
+    if (dtype == core::DType::kFloat16) {
+      Convert(input, static_cast<core::Float16*>(output), count);
+    } else {
+      Convert(input, static_cast<core::BFloat16*>(output), count);
+    }
     return absl::OkStatus();
   }
   static absl::Status Conv2DForward(const Device& d, const core::Conv2DShape& s, const float* input,
@@ -57,16 +82,9 @@ struct CpuBackend {
 };
 
 using tensorflow::DEVICE_CPU;
-REGISTER_KERNEL_BUILDER(Name("Glp>ConcurrentConv2D").Device(DEVICE_CPU).TypeConstraint<float>("T"),
-                        ConcurrentConv2DOp<CpuBackend>);
-REGISTER_KERNEL_BUILDER(Name("Glp>ConcurrentConv2DBackpropInput").Device(DEVICE_CPU).TypeConstraint<float>("T"),
-                        ConcurrentConv2DBackpropInputOp<CpuBackend>);
-REGISTER_KERNEL_BUILDER(Name("Glp>ConcurrentConv2DBackpropFilter").Device(DEVICE_CPU).TypeConstraint<float>("T"),
-                        ConcurrentConv2DBackpropFilterOp<CpuBackend>);
-REGISTER_KERNEL_BUILDER(Name("Glp>ConcurrentMatMul").Device(DEVICE_CPU).TypeConstraint<float>("T"),
-                        ConcurrentMatMulOp<CpuBackend>);
-REGISTER_KERNEL_BUILDER(Name("Glp>ConcurrentMatMulGradWeights").Device(DEVICE_CPU).TypeConstraint<float>("T"),
-                        ConcurrentMatMulGradWeightsOp<CpuBackend>);
+TF_GLP_REGISTER_CONCURRENT_KERNELS(DEVICE_CPU, CpuBackend, float);
+TF_GLP_REGISTER_CONCURRENT_KERNELS(DEVICE_CPU, CpuBackend, Eigen::half);
+TF_GLP_REGISTER_CONCURRENT_KERNELS(DEVICE_CPU, CpuBackend, Eigen::bfloat16);
 
 }  // namespace
 }  // namespace tf_glp::tf

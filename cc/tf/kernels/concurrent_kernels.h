@@ -10,27 +10,89 @@
 //   static absl::Status Zero(const Device&, Tensor* output);
 //   static absl::Status Conv2DForward(const Device&, shape, input, filter, output, lanes, workspace);
 //   ... Conv2DBackpropInput, Conv2DBackpropFilter, MatMul, MatMulGradWeights
-// with the core's argument order, returning an error status naming the op.
+//   static absl::Status ToFloat32(const Device&, const void* input, core::DType, float* output, int64_t count);
+//   static absl::Status FromFloat32(const Device&, const float* input, core::DType, void* output, int64_t count);
+// with the core's argument order, returning an error status.
+//
+// Note [16-bit layers]
+// ~~~~~~~~~~~~~~~~~~~~
+// With T = half or bfloat16 (Keras' mixed_float16 / mixed_bfloat16
+// policies) the inputs are widened to float32 (exactly), the float32 core
+// computes as for float32 ops, and the result is rounded once to T
+// (round to nearest even, as TensorFlow's Cast): float32 accumulation and one
+// rounding at the end, as TensorFlow's own CPU kernels do. So a 16-bit op's
+// result is bitwise the float32 op's on the widened inputs, rounded, and is
+// the same for every lane count.
 #ifndef TF_GLP_CC_TF_KERNELS_CONCURRENT_KERNELS_H_
 #define TF_GLP_CC_TF_KERNELS_CONCURRENT_KERNELS_H_
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cc/core/conv.h"
+#include "cc/core/dtype.h"
 #include "cc/tf/kernels/concurrent_common.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace tf_glp::tf {
 
-inline float* Data(tensorflow::Tensor* t) { return t->flat<float>().data(); }
-inline const float* Data(const tensorflow::Tensor& t) { return t.flat<float>().data(); }
-
 inline absl::Status Workspace(tensorflow::OpKernelContext* ctx, int64_t elements, tensorflow::Tensor* out) {
   return ctx->allocate_temp(tensorflow::DT_FLOAT, tensorflow::TensorShape({std::max<int64_t>(1, elements)}), out);
 }
 
-template <class Backend>
+template <class T>
+constexpr core::DType CoreDType() {
+  if constexpr (std::is_same_v<T, Eigen::half>) return core::DType::kFloat16;
+  if constexpr (std::is_same_v<T, Eigen::bfloat16>) return core::DType::kBFloat16;
+  return core::DType::kFloat32;
+}
+
+// An input as float32 (Note [16-bit layers]): the tensor itself for float,
+// else a widened temporary.
+template <class Backend, class T>
+absl::Status Float32Input(tensorflow::OpKernelContext* ctx, const typename Backend::Device& device,
+                          const tensorflow::Tensor& input, tensorflow::Tensor* temp, const float** data) {
+  if constexpr (std::is_same_v<T, float>) {
+    *data = input.flat<float>().data();
+    return absl::OkStatus();
+  } else {
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_FLOAT, input.shape(), temp));
+    *data = temp->flat<float>().data();
+    return Backend::ToFloat32(device, input.data(), CoreDType<T>(), temp->flat<float>().data(),
+                              input.NumElements());
+  }
+}
+
+// The output as float32: the tensor itself for float, else a temporary that
+// Finish rounds into it.
+template <class Backend, class T>
+class Float32Output {
+ public:
+  absl::Status Init(tensorflow::OpKernelContext* ctx, tensorflow::Tensor* output) {
+    output_ = output;
+    if constexpr (std::is_same_v<T, float>) {
+      data_ = output->flat<float>().data();
+      return absl::OkStatus();
+    } else {
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_FLOAT, output->shape(), &temp_));
+      data_ = temp_.flat<float>().data();
+      return absl::OkStatus();
+    }
+  }
+  float* data() const { return data_; }
+  absl::Status Finish(const typename Backend::Device& device) {
+    if constexpr (std::is_same_v<T, float>) return absl::OkStatus();
+    return Backend::FromFloat32(device, data_, CoreDType<T>(), output_->data(), output_->NumElements());
+  }
+
+ private:
+  tensorflow::Tensor* output_ = nullptr;
+  tensorflow::Tensor temp_;
+  float* data_ = nullptr;
+};
+
+template <class Backend, class T>
 class ConcurrentConv2DOp : public tensorflow::OpKernel {
  public:
   explicit ConcurrentConv2DOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -45,10 +107,16 @@ class ConcurrentConv2DOp : public tensorflow::OpKernel {
     if (work == Work::kNone) return;
     typename Backend::Device device;
     OP_REQUIRES_OK(ctx, Backend::Open(ctx, &device));
-    tensorflow::Tensor workspace;
+    tensorflow::Tensor input_temp, filter_temp, workspace;
+    const float *input, *filter;
+    OP_REQUIRES_OK(ctx, (Float32Input<Backend, T>(ctx, device, ctx->input(0), &input_temp, &input)));
+    OP_REQUIRES_OK(ctx, (Float32Input<Backend, T>(ctx, device, ctx->input(1), &filter_temp, &filter)));
+    Float32Output<Backend, T> result;
+    OP_REQUIRES_OK(ctx, result.Init(ctx, output));
     OP_REQUIRES_OK(ctx, Workspace(ctx, core::Conv2DForwardWorkspace(shape, attrs_.lanes), &workspace));
-    OP_REQUIRES_OK(ctx, Backend::Conv2DForward(device, shape, Data(ctx->input(0)), Data(ctx->input(1)),
-                                               Data(output), attrs_.lanes, Data(&workspace)));
+    OP_REQUIRES_OK(ctx, Backend::Conv2DForward(device, shape, input, filter, result.data(), attrs_.lanes,
+                                               workspace.flat<float>().data()));
+    OP_REQUIRES_OK(ctx, result.Finish(device));
   }
 
  private:
@@ -56,7 +124,7 @@ class ConcurrentConv2DOp : public tensorflow::OpKernel {
   ConvAttrs attrs_;
 };
 
-template <class Backend>
+template <class Backend, class T>
 class ConcurrentConv2DBackpropInputOp : public tensorflow::OpKernel {
  public:
   explicit ConcurrentConv2DBackpropInputOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -71,10 +139,16 @@ class ConcurrentConv2DBackpropInputOp : public tensorflow::OpKernel {
     if (work == Work::kNone) return;
     typename Backend::Device device;
     OP_REQUIRES_OK(ctx, Backend::Open(ctx, &device));
-    tensorflow::Tensor workspace;
+    tensorflow::Tensor filter_temp, dy_temp, workspace;
+    const float *filter, *dy;
+    OP_REQUIRES_OK(ctx, (Float32Input<Backend, T>(ctx, device, ctx->input(1), &filter_temp, &filter)));
+    OP_REQUIRES_OK(ctx, (Float32Input<Backend, T>(ctx, device, ctx->input(2), &dy_temp, &dy)));
+    Float32Output<Backend, T> result;
+    OP_REQUIRES_OK(ctx, result.Init(ctx, output));
     OP_REQUIRES_OK(ctx, Workspace(ctx, core::Conv2DBackpropInputWorkspace(shape, attrs_.lanes), &workspace));
-    OP_REQUIRES_OK(ctx, Backend::Conv2DBackpropInput(device, shape, Data(ctx->input(1)), Data(ctx->input(2)),
-                                                     Data(output), attrs_.lanes, Data(&workspace)));
+    OP_REQUIRES_OK(ctx, Backend::Conv2DBackpropInput(device, shape, filter, dy, result.data(), attrs_.lanes,
+                                                     workspace.flat<float>().data()));
+    OP_REQUIRES_OK(ctx, result.Finish(device));
   }
 
  private:
@@ -82,7 +156,7 @@ class ConcurrentConv2DBackpropInputOp : public tensorflow::OpKernel {
   ConvAttrs attrs_;
 };
 
-template <class Backend>
+template <class Backend, class T>
 class ConcurrentConv2DBackpropFilterOp : public tensorflow::OpKernel {
  public:
   explicit ConcurrentConv2DBackpropFilterOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -100,10 +174,16 @@ class ConcurrentConv2DBackpropFilterOp : public tensorflow::OpKernel {
       OP_REQUIRES_OK(ctx, Backend::Zero(device, output));
       return;
     }
-    tensorflow::Tensor workspace;
+    tensorflow::Tensor input_temp, dy_temp, workspace;
+    const float *input, *dy;
+    OP_REQUIRES_OK(ctx, (Float32Input<Backend, T>(ctx, device, ctx->input(0), &input_temp, &input)));
+    OP_REQUIRES_OK(ctx, (Float32Input<Backend, T>(ctx, device, ctx->input(2), &dy_temp, &dy)));
+    Float32Output<Backend, T> result;
+    OP_REQUIRES_OK(ctx, result.Init(ctx, output));
     OP_REQUIRES_OK(ctx, Workspace(ctx, core::Conv2DBackpropFilterWorkspace(shape, attrs_.lanes), &workspace));
-    OP_REQUIRES_OK(ctx, Backend::Conv2DBackpropFilter(device, shape, Data(ctx->input(0)), Data(ctx->input(2)),
-                                                      Data(output), attrs_.lanes, Data(&workspace)));
+    OP_REQUIRES_OK(ctx, Backend::Conv2DBackpropFilter(device, shape, input, dy, result.data(), attrs_.lanes,
+                                                      workspace.flat<float>().data()));
+    OP_REQUIRES_OK(ctx, result.Finish(device));
   }
 
  private:
@@ -111,7 +191,7 @@ class ConcurrentConv2DBackpropFilterOp : public tensorflow::OpKernel {
   ConvAttrs attrs_;
 };
 
-template <class Backend>
+template <class Backend, class T>
 class ConcurrentMatMulOp : public tensorflow::OpKernel {
  public:
   explicit ConcurrentMatMulOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -131,8 +211,14 @@ class ConcurrentMatMulOp : public tensorflow::OpKernel {
       OP_REQUIRES_OK(ctx, Backend::Zero(device, output));
       return;
     }
-    OP_REQUIRES_OK(ctx, Backend::MatMul(device, d.m, d.n, d.k, Data(ctx->input(0)), Data(ctx->input(1)),
-                                        transpose_b_, Data(output), lanes_));
+    tensorflow::Tensor a_temp, b_temp;
+    const float *a, *b;
+    OP_REQUIRES_OK(ctx, (Float32Input<Backend, T>(ctx, device, ctx->input(0), &a_temp, &a)));
+    OP_REQUIRES_OK(ctx, (Float32Input<Backend, T>(ctx, device, ctx->input(1), &b_temp, &b)));
+    Float32Output<Backend, T> result;
+    OP_REQUIRES_OK(ctx, result.Init(ctx, output));
+    OP_REQUIRES_OK(ctx, Backend::MatMul(device, d.m, d.n, d.k, a, b, transpose_b_, result.data(), lanes_));
+    OP_REQUIRES_OK(ctx, result.Finish(device));
   }
 
  private:
@@ -141,7 +227,7 @@ class ConcurrentMatMulOp : public tensorflow::OpKernel {
   int64_t lanes_ = 1;
 };
 
-template <class Backend>
+template <class Backend, class T>
 class ConcurrentMatMulGradWeightsOp : public tensorflow::OpKernel {
  public:
   explicit ConcurrentMatMulGradWeightsOp(tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -156,14 +242,40 @@ class ConcurrentMatMulGradWeightsOp : public tensorflow::OpKernel {
     if (work == Work::kNone) return;
     typename Backend::Device device;
     OP_REQUIRES_OK(ctx, Backend::Open(ctx, &device));
-    OP_REQUIRES_OK(ctx, Backend::MatMulGradWeights(device, d.m, d.k, d.n, Data(ctx->input(0)),
-                                                   Data(ctx->input(1)), Data(output), lanes_));
+    tensorflow::Tensor a_temp, dy_temp;
+    const float *a, *dy;
+    OP_REQUIRES_OK(ctx, (Float32Input<Backend, T>(ctx, device, ctx->input(0), &a_temp, &a)));
+    OP_REQUIRES_OK(ctx, (Float32Input<Backend, T>(ctx, device, ctx->input(1), &dy_temp, &dy)));
+    Float32Output<Backend, T> result;
+    OP_REQUIRES_OK(ctx, result.Init(ctx, output));
+    OP_REQUIRES_OK(ctx, Backend::MatMulGradWeights(device, d.m, d.k, d.n, a, dy, result.data(), lanes_));
+    OP_REQUIRES_OK(ctx, result.Finish(device));
   }
 
  private:
   static constexpr const char* kOp = "concurrent_matmul_grad_weights";
   int64_t lanes_ = 1;
 };
+
+// Registers the five ops' kernels for one backend and one T (the gradient
+// ops' size inputs live in host memory, which changes nothing on the CPU).
+#define TF_GLP_REGISTER_CONCURRENT_KERNELS(device, Backend, T)                                            \
+  REGISTER_KERNEL_BUILDER(Name("Glp>ConcurrentConv2D").Device(device).TypeConstraint<T>("T"),          \
+                          ::tf_glp::tf::ConcurrentConv2DOp<Backend, T>);                              \
+  REGISTER_KERNEL_BUILDER(Name("Glp>ConcurrentConv2DBackpropInput")                                   \
+                              .Device(device)                                                         \
+                              .TypeConstraint<T>("T")                                                 \
+                              .HostMemory("input_sizes"),                                             \
+                          ::tf_glp::tf::ConcurrentConv2DBackpropInputOp<Backend, T>);                 \
+  REGISTER_KERNEL_BUILDER(Name("Glp>ConcurrentConv2DBackpropFilter")                                  \
+                              .Device(device)                                                         \
+                              .TypeConstraint<T>("T")                                                 \
+                              .HostMemory("filter_sizes"),                                            \
+                          ::tf_glp::tf::ConcurrentConv2DBackpropFilterOp<Backend, T>);                \
+  REGISTER_KERNEL_BUILDER(Name("Glp>ConcurrentMatMul").Device(device).TypeConstraint<T>("T"),          \
+                          ::tf_glp::tf::ConcurrentMatMulOp<Backend, T>);                              \
+  REGISTER_KERNEL_BUILDER(Name("Glp>ConcurrentMatMulGradWeights").Device(device).TypeConstraint<T>("T"), \
+                          ::tf_glp::tf::ConcurrentMatMulGradWeightsOp<Backend, T>)
 
 }  // namespace tf_glp::tf
 

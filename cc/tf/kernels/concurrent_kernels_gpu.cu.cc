@@ -37,8 +37,16 @@ struct GpuBackend {
     return absl::OkStatus();
   }
   static absl::Status Zero(const Device& d, tensorflow::Tensor* output) {
-    const cudaError_t status = cudaMemsetAsync(Data(output), 0, sizeof(float) * output->NumElements(), d.stream);
+    const cudaError_t status = cudaMemsetAsync(output->data(), 0, output->TotalBytes(), d.stream);
     return FromCuda(status == cudaSuccess ? "" : std::string("cudaMemsetAsync failed: ") + cudaGetErrorString(status));
+  }
+  static absl::Status ToFloat32(const Device& d, const void* input, core::DType dtype, float* output,
+                                int64_t count) {
+    return FromCuda(cuda::ToFloat32(input, dtype, output, count, d.stream, d.ordinal));
+  }
+  static absl::Status FromFloat32(const Device& d, const float* input, core::DType dtype, void* output,
+                                  int64_t count) {
+    return FromCuda(cuda::FromFloat32(input, dtype, output, count, d.stream, d.ordinal));
   }
   static absl::Status Conv2DForward(const Device& d, const core::Conv2DShape& s, const float* input,
                                     const float* filter, float* output, int64_t lanes, float* workspace) {
@@ -68,22 +76,9 @@ struct GpuBackend {
 };
 
 using tensorflow::DEVICE_GPU;
-REGISTER_KERNEL_BUILDER(Name("Glp>ConcurrentConv2D").Device(DEVICE_GPU).TypeConstraint<float>("T"),
-                        ConcurrentConv2DOp<GpuBackend>);
-REGISTER_KERNEL_BUILDER(Name("Glp>ConcurrentConv2DBackpropInput")
-                            .Device(DEVICE_GPU)
-                            .TypeConstraint<float>("T")
-                            .HostMemory("input_sizes"),
-                        ConcurrentConv2DBackpropInputOp<GpuBackend>);
-REGISTER_KERNEL_BUILDER(Name("Glp>ConcurrentConv2DBackpropFilter")
-                            .Device(DEVICE_GPU)
-                            .TypeConstraint<float>("T")
-                            .HostMemory("filter_sizes"),
-                        ConcurrentConv2DBackpropFilterOp<GpuBackend>);
-REGISTER_KERNEL_BUILDER(Name("Glp>ConcurrentMatMul").Device(DEVICE_GPU).TypeConstraint<float>("T"),
-                        ConcurrentMatMulOp<GpuBackend>);
-REGISTER_KERNEL_BUILDER(Name("Glp>ConcurrentMatMulGradWeights").Device(DEVICE_GPU).TypeConstraint<float>("T"),
-                        ConcurrentMatMulGradWeightsOp<GpuBackend>);
+TF_GLP_REGISTER_CONCURRENT_KERNELS(DEVICE_GPU, GpuBackend, float);
+TF_GLP_REGISTER_CONCURRENT_KERNELS(DEVICE_GPU, GpuBackend, Eigen::half);
+TF_GLP_REGISTER_CONCURRENT_KERNELS(DEVICE_GPU, GpuBackend, Eigen::bfloat16);
 
 }  // namespace
 }  // namespace tf_glp::tf
