@@ -12,8 +12,13 @@
 #      built-in GEMM (TF_GLP_CUDA_GEMM=builtin). It prints the driver version
 #      first (code built by nvcc 13 needs an R580 or newer driver) and each
 #      run's GEMM (cuBLAS or built-in).
-# Usage: tools/gpu_check.sh [--compile-only] [--no-timing]
+# Usage: tools/gpu_check.sh [--compile-only] [--no-timing] [--out DIR]
 #   --compile-only  build everything, run nothing (works without a GPU).
+#   --out DIR       also write DIR/gpu_check.txt (this output) and
+#                   DIR/gpu_check.json (driver and CUDA versions, device,
+#                   each test's result per GEMM, the k = 1, 2, 4, 8 timings);
+#                   $OUT, when set (the device machine sets it), is the
+#                   default DIR.
 # Environment: NVCC (default nvcc on PATH, then /usr/local/cuda/bin/nvcc),
 #   CXX (default g++), CUDA_ARCHS (e.g. "80 90"; default: the local GPU's, or
 #   80 for --compile-only), BUILD_DIR (default build/gpu_check).
@@ -22,14 +27,35 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 COMPILE_ONLY=0
 TEST_ARGS=()
-for arg in "$@"; do
-  case "$arg" in
+OUT_DIR="${OUT:-}"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
     --compile-only) COMPILE_ONLY=1 ;;
     --no-timing) TEST_ARGS+=(--no-timing) ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
-    *) echo "gpu_check.sh: unknown argument $arg" >&2; exit 2 ;;
+    --out) [[ $# -ge 2 ]] || { echo "gpu_check.sh: --out needs a folder" >&2; exit 2; }; OUT_DIR="$2"; shift ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
+  shift
 done
+
+# With an output folder: the whole text output goes to gpu_check.txt there
+# too, and gpu_check.json (tools/gpu_check_summary.py) is written from it on
+# exit, whatever the outcome.
+if [[ -n "$OUT_DIR" ]]; then
+  mkdir -p "$OUT_DIR"
+  OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+  exec > >(tee "$OUT_DIR/gpu_check.txt") 2>&1
+  summarize() {
+    local status=$?
+    sleep 0.2  # let tee drain
+    python3 "$ROOT/tools/gpu_check_summary.py" "$OUT_DIR/gpu_check.txt" --exit-status "$status" \
+      > "$OUT_DIR/gpu_check.json" || echo "gpu_check.sh: could not write $OUT_DIR/gpu_check.json" >&2
+    echo "== summary: $OUT_DIR/gpu_check.json, log: $OUT_DIR/gpu_check.txt"
+    exit "$status"
+  }
+  trap summarize EXIT
+fi
 
 NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 CXX="${CXX:-g++}"
