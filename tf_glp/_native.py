@@ -38,8 +38,9 @@ class NativeStatus:
         available: True when the native op library is loaded and used.
         reason: A sentence saying why (or why not).
         path: Path of the op library file (whether or not it loaded).
-        cpu_kernels: Vector instruction set of the host kernels
-            ("avx512", "avx2" or "scalar"), or "" without the library.
+        cpu_kernels: Vector instruction set of the native CPU code, host
+            kernels and the layers' GEMM alike ("avx512", "avx2" or
+            "scalar"; TF_GLP_ISA lowers it), or "" without the library.
 
     Example:
         >>> import tf_glp

@@ -23,8 +23,9 @@ Isa BestSupportedIsa() {
 #if defined(__x86_64__) && defined(TF_GLP_HAVE_X86_KERNELS)
   static const Isa best = [] {
     __builtin_cpu_init();
+    // FMA too: the GEMM's AVX-512 and AVX2 paths multiply-add fused.
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("f16c")) {
+        __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma")) {
       return Isa::kAvx512;
     }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&

@@ -1,6 +1,9 @@
 // GEMM dispatch (AVX-512 / AVX2 with FMA, else a portable kernel over GCC's
-// generic vectors) and the bit-exact reference. See cc/core/gemm.h.
+// generic vectors), by the core's one ISA switch (cpu_features.h), and the
+// bit-exact reference. See cc/core/gemm.h.
 #include "cc/core/gemm.h"
+
+#include "cc/core/cpu_features.h"
 
 #include <cmath>
 #include <cstdint>
@@ -44,14 +47,18 @@ namespace {
 
 enum class GemmPath { kPortable, kAvx2, kAvx512 };
 
+// The one instruction-set switch of the native core (cpu_features.h): the
+// host kernels and the GEMM follow ActiveIsa(), so TF_GLP_ISA moves both and
+// native_available() reports the one in use.
 GemmPath ChoosePath() {
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) {
-    return GemmPath::kAvx512;
-  }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return GemmPath::kAvx2;
+  switch (ActiveIsa()) {
+    case Isa::kAvx512:
+      return GemmPath::kAvx512;
+    case Isa::kAvx2:
+      return GemmPath::kAvx2;
+    default:
+      break;
   }
 #endif
   return GemmPath::kPortable;

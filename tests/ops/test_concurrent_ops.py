@@ -352,3 +352,36 @@ def test_16_bit_ops_compute_in_float32_and_round_once(dtype, native, native_mode
             for g, e in zip(got, expected):
                 assert g.dtype == dtype.as_numpy_dtype
                 np.testing.assert_array_equal(g.view(np.uint16), e.view(np.uint16))
+
+
+_ISA_SCRIPT = """
+import numpy as np, tensorflow as tf
+import tf_glp
+from tf_glp.ops import concurrent_matmul
+rng = np.random.default_rng(3)
+a = rng.standard_normal((33, 200)).astype(np.float32)
+b = rng.standard_normal((200, 17)).astype(np.float32)
+c = concurrent_matmul(a, b, concurrency=2).numpy()
+# The portable GEMM's sum: c = c + a*b, rounding twice, in index order.
+reference = np.zeros((33, 17), np.float32)
+for p in range(200):
+    reference = (reference + np.outer(a[:, p], b[p]).astype(np.float32)).astype(np.float32)
+print(tf_glp.native_available().cpu_kernels, bool(np.array_equal(c, reference)))
+"""
+
+
+def test_one_isa_switch_moves_the_host_kernels_and_the_gemm():
+    # TF_GLP_ISA=scalar: native_available() says so, and the concurrent ops'
+    # GEMM is the portable one (two roundings per step: bitwise the numpy
+    # loop below); by default (FMA here) the GEMM's bits differ from it.
+    runs = {}
+    for isa in ("scalar", ""):
+        done = subprocess.run([sys.executable, "-c", _ISA_SCRIPT], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "TF_GLP_ISA": isa, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs[isa] = done.stdout.split()
+    if not runs[""][0]:
+        pytest.skip("the native op library is not loaded")
+    assert runs["scalar"] == ["scalar", "True"]
+    if runs[""][0] != "scalar":
+        assert runs[""][1] == "False"  # FMA paths round once per step
