@@ -1,7 +1,7 @@
 """Beyond one machine: tf_glp.Strategy across workers, on TensorFlow's collectives.
 
     # on every worker, with TF_CONFIG set (or: python -m tf_glp.launch --workers 2 train.py)
-    with tf_glp.Strategy(update="replicas").scope():
+    with tf_glp.Strategy().scope():
         model = ...; model.compile(...)
     model.fit(...)
 
@@ -10,8 +10,10 @@ by chunk, exactly as on one machine (HostCrossDeviceOps); each chunk's sums
 then cross the workers in one collective all-reduce, TensorFlow's own
 CollectiveReduceV2 (ring over gRPC, the engine of MultiWorkerMirroredStrategy),
 so a chunk's cross-worker sum starts as soon as its local sum exists. Every
-worker receives the same bytes from the ring, so the replicas of all workers
-apply the same update and hold bitwise identical variables.
+worker receives the same bytes from the ring, so all workers apply the same
+update and hold bitwise identical variables: with update="host" each worker's
+host applies it to its own copy (MultiWorkerHostExtended), with
+update="replicas" every replica does.
 
 The cluster itself (gRPC server, collective group keys, coordination
 service, input sharding per worker, initial values broadcast from the
@@ -19,7 +21,7 @@ chief) is MultiWorkerMirroredStrategy's: `CollectiveHostExtended` is its
 extended object with two changes, the local replicas (tf_glp's logical CPU
 replicas or the GPUs) and the reductions (the hierarchical ones above).
 Keras 3.15 needs two workarounds to train under any multi-worker strategy;
-they live in `MultiWorkerReplicaStrategy.reduce` below and nowhere else.
+they live in `_MultiWorkerKerasFixes.reduce` (strategy.py) and nowhere else.
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ from tensorflow.python.ops import collective_ops
 from tf_glp.strategy.cross_device_ops import HostCrossDeviceOps
 from tf_glp.strategy.host_extended import Home, host_variable_arguments, variable_home
 
-# Bounds how long a worker waits for the others at start-up (the cluster's
-# coordination service) before failing with a message, instead of TensorFlow's
-# default of an hour. TF_GLP_CLUSTER_TIMEOUT (seconds) overrides it.
+# How long a worker waits for the others at start-up before it stops with a
+# message naming the silent ones (_bounded_start), and the coordination
+# service's timeouts. TF_GLP_CLUSTER_TIMEOUT (seconds) overrides it.
 DEFAULT_CLUSTER_TIMEOUT_S = 60
 
 
@@ -112,8 +114,10 @@ def resolve_cluster(cluster_resolver=None):
 
 
 def configure_coordination(cluster_resolver) -> None:
-    """Starts-up the coordination service with a bounded wait for the other
-    workers (MultiWorkerMirroredStrategy would configure it with no bound)."""
+    """Configures the coordination service as MultiWorkerMirroredStrategy
+    would, with TF_GLP_CLUSTER_TIMEOUT as its register, heartbeat and
+    shutdown timeouts. (In TensorFlow 2.21 the register timeout was seen not
+    to bound the start-up wait: _bounded_start does.)"""
     if eager_context.context().coordination_service is not None:
         return
     cluster_spec = multi_worker_util.normalize_cluster_spec(cluster_resolver.cluster_spec())
