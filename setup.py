@@ -13,6 +13,7 @@ Environment: CXX (compiler, default g++), NVCC (default: nvcc on PATH, then
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import glob
 import os
@@ -25,16 +26,26 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
-# Flags shared with cc/CMakeLists.txt and BUILD: see cc/README.md.
-COMMON_FLAGS = ["-O3", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-pthread"]
-X86_FLAGS = ["-march=x86-64-v2", "-DTF_GLP_HAVE_X86_KERNELS"]
-# Per-file instruction sets: only these files use them, chosen at run time.
-ISA_FLAGS = {
-    "_avx2.cc": ["-mavx2", "-mf16c"],
-    "_avx512.cc": ["-mavx512f", "-mavx512bw", "-mavx2", "-mf16c"],
-}
-# sm_75 (Turing) to sm_90 (Hopper), plus PTX for newer GPUs.
-CUDA_ARCHS = ["75", "80", "86", "89", "90"]
+# The compiler flags are defined once, in third_party/flags.bzl (Bazel's),
+# and read from there by this file, cc/CMakeLists.txt and tools/gpu_check.sh.
+FLAGS_FILE = os.path.join(ROOT, "third_party", "flags.bzl")
+
+
+def read_flags(path: str = FLAGS_FILE) -> dict:
+    """flags.bzl's literal assignments (COMMON_FLAGS, X86_FLAGS, ISA_FLAGS:
+    per-file instruction sets, CUDA_ARCHS)."""
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    names = ("COMMON_FLAGS", "X86_FLAGS", "ISA_FLAGS", "CUDA_ARCHS")
+    return {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) in names}
+
+
+_FLAGS = read_flags()
+COMMON_FLAGS = _FLAGS["COMMON_FLAGS"]
+X86_FLAGS = _FLAGS["X86_FLAGS"]
+ISA_FLAGS = _FLAGS["ISA_FLAGS"]
+CUDA_ARCHS = _FLAGS["CUDA_ARCHS"]
 
 
 def _is_x86() -> bool:
@@ -107,14 +118,14 @@ def _newer(target: str, dependencies: list[str]) -> bool:
 
 def _object_is_current(obj: str) -> bool:
     """True when obj is newer than its source, every header the compiler
-    listed in obj.d (written by -MMD / nvcc -MD) and this file (the flags)."""
+    listed in obj.d (written by -MMD / nvcc -MD), this file and the flags."""
     depfile = obj + ".d"
     if not os.path.exists(depfile):
         return False
     with open(depfile) as f:
         text = f.read().replace("\\\n", " ")
     dependencies = [d for d in text.partition(":")[2].split() if d != "\\"]
-    return _newer(obj, [*dependencies, os.path.abspath(__file__)])
+    return _newer(obj, [*dependencies, os.path.abspath(__file__), FLAGS_FILE])
 
 
 class BuildNativeOps(build_ext):
@@ -193,7 +204,8 @@ class BuildNativeOps(build_ext):
         subprocess.run(link, check=True)
 
 
-setup(
-    ext_modules=[Extension("tf_glp._tf_glp_ops", sources=[])],
-    cmdclass={"build_ext": BuildNativeOps},
-)
+if __name__ == "__main__":  # as setuptools runs it; tests import read_flags
+    setup(
+        ext_modules=[Extension("tf_glp._tf_glp_ops", sources=[])],
+        cmdclass={"build_ext": BuildNativeOps},
+    )

@@ -1,9 +1,11 @@
-"""tf_glp's compiler flags for Bazel, and the per-file instruction-set split.
+"""tf_glp's compiler flags, defined once, and Bazel's per-file instruction-set split.
 
-The flags are setup.py's (COMMON_FLAGS, X86_FLAGS, ISA_FLAGS): keep the three
-builds (setup.py, cc/CMakeLists.txt, Bazel) in step; see cc/README.md. This
-file loads nothing from TensorFlow, so `bazel test //cc/...` needs no
-TensorFlow (the op library's macro is in build_defs.bzl).
+COMMON_FLAGS, X86_FLAGS, ISA_FLAGS and CUDA_ARCHS below are the flags of every
+build: setup.py, cc/CMakeLists.txt and tools/gpu_check.sh read these four
+assignments from this file (keep them literal lists / a literal dict, one
+assignment each; tests/test_build_flags.py checks that every reader gets
+them). This file loads nothing from TensorFlow, so `bazel test //cc/...`
+needs no TensorFlow (the op library's macro is in build_defs.bzl).
 """
 
 COMMON_FLAGS = ["-O3", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-pthread"]

@@ -12,8 +12,9 @@
 #      built-in GEMM (TF_GLP_CUDA_GEMM=builtin). It prints the driver version
 #      first (code built by nvcc 13 needs an R580 or newer driver) and each
 #      run's GEMM (cuBLAS or built-in).
-# Usage: tools/gpu_check.sh [--compile-only] [--no-timing] [--out DIR]
+# Usage: tools/gpu_check.sh [--compile-only] [--no-timing] [--out DIR] [--print-flags]
 #   --compile-only  build everything, run nothing (works without a GPU).
+#   --print-flags   print the compiler flags (read from third_party/flags.bzl).
 #   --out DIR       also write DIR/gpu_check.txt (this output) and
 #                   DIR/gpu_check.json (driver and CUDA versions, device,
 #                   each test's result per GEMM, the k = 1, 2, 4, 8 timings);
@@ -26,18 +27,43 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 COMPILE_ONLY=0
+PRINT_FLAGS=0
 TEST_ARGS=()
 OUT_DIR="${OUT:-}"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --compile-only) COMPILE_ONLY=1 ;;
     --no-timing) TEST_ARGS+=(--no-timing) ;;
+    --print-flags) PRINT_FLAGS=1 ;;
     --out) [[ $# -ge 2 ]] || { echo "gpu_check.sh: --out needs a folder" >&2; exit 2; }; OUT_DIR="$2"; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
+
+# The flags are defined once, in third_party/flags.bzl (as setup.py and CMake
+# read them): the quoted items of the literal list on the line of `$1`.
+bzl_list() {
+  local items
+  items="$(sed -n "s/^ *$1 *\[\(.*\)\],\{0,1\}$/\1/p" "$ROOT/third_party/flags.bzl" | tr -d '",')"
+  [[ -n "$items" ]] || { echo "gpu_check.sh: third_party/flags.bzl has no list for $1" >&2; exit 2; }
+  echo "$items"
+}
+read -r -a COMMON_FLAGS <<< "$(bzl_list 'COMMON_FLAGS =')"
+read -r -a X86_FLAGS <<< "$(bzl_list 'X86_FLAGS =')"
+read -r -a AVX2_FLAGS <<< "$(bzl_list '"_avx2\.cc":')"
+read -r -a AVX512_FLAGS <<< "$(bzl_list '"_avx512\.cc":')"
+# (A failed lookup above only empties its array: check them all.)
+[[ ${#COMMON_FLAGS[@]} -gt 0 && ${#X86_FLAGS[@]} -gt 0 && ${#AVX2_FLAGS[@]} -gt 0 && ${#AVX512_FLAGS[@]} -gt 0 ]] ||
+  { echo "gpu_check.sh: could not read the flags from third_party/flags.bzl" >&2; exit 2; }
+if [[ $PRINT_FLAGS == 1 ]]; then
+  echo "COMMON_FLAGS ${COMMON_FLAGS[*]}"
+  echo "X86_FLAGS ${X86_FLAGS[*]}"
+  echo "_avx2.cc ${AVX2_FLAGS[*]}"
+  echo "_avx512.cc ${AVX512_FLAGS[*]}"
+  exit 0
+fi
 
 # With an output folder: the whole text output goes to gpu_check.txt there
 # too, and gpu_check.json (tools/gpu_check_summary.py) is written from it on
@@ -73,8 +99,8 @@ fi
 GENCODE=()
 for arch in $CUDA_ARCHS; do GENCODE+=("-gencode=arch=compute_${arch},code=sm_${arch}"); done
 
-CXXFLAGS=(-std=c++17 -O3 -fPIC -ffp-contract=off -fno-math-errno -pthread -I"$ROOT")
-if [[ "$(uname -m)" == x86_64 ]]; then CXXFLAGS+=(-march=x86-64-v2 -DTF_GLP_HAVE_X86_KERNELS); fi
+CXXFLAGS=(-std=c++17 "${COMMON_FLAGS[@]}" -I"$ROOT")
+if [[ "$(uname -m)" == x86_64 ]]; then CXXFLAGS+=("${X86_FLAGS[@]}"); fi
 NVCCFLAGS=(-x cu -std=c++17 -O3 --expt-relaxed-constexpr -Xcompiler -fPIC -Xcompiler -ffp-contract=off -I"$ROOT" "${GENCODE[@]}")
 
 echo "== building the core with $CXX, CUDA code with $NVCC ($("$NVCC" --version | tail -1)), archs: $CUDA_ARCHS"
@@ -84,8 +110,8 @@ cuda_objects=()
 pids=()
 for src in "$ROOT"/cc/core/*.cc; do
   case "$src" in
-    *_avx2.cc) [[ "$(uname -m)" == x86_64 ]] || continue; isa=(-mavx2 -mf16c) ;;
-    *_avx512.cc) [[ "$(uname -m)" == x86_64 ]] || continue; isa=(-mavx512f -mavx512bw -mavx2 -mf16c) ;;
+    *_avx2.cc) [[ "$(uname -m)" == x86_64 ]] || continue; isa=("${AVX2_FLAGS[@]}") ;;
+    *_avx512.cc) [[ "$(uname -m)" == x86_64 ]] || continue; isa=("${AVX512_FLAGS[@]}") ;;
     *) isa=() ;;
   esac
   obj="$BUILD_DIR/$(basename "$src").o"

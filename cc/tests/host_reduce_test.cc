@@ -99,7 +99,7 @@ TEST(MatchesInOrderReferenceBitwise) {
       for (int n : {1, 2, 3, 4, 5, 8, 9, 16}) {
         for (int64_t size : {1, 7, 64, 1023, 70001}) {
           for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean}) {
-            CheckCase({in, out, n, size, size % 3, op}, runners);
+            CheckCase({in, out, n, size, static_cast<int>(size % 3), op}, runners);
           }
         }
       }
