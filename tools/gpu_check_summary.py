@@ -52,6 +52,8 @@ def summarize(text: str, exit_status: int | None = None) -> dict:
         elif line.startswith("GEMM: ") and "ms per step" in line:
             in_timing = True
             section["timing_gemm"] = line[len("GEMM: "):].split(".")[0]
+        elif in_timing and " FAILED at k=" in line:
+            section["timing_error"] = line.strip()
         elif in_timing and (match := _TIMING.match(line)):
             section["timings"].append({"layer": match["layer"], "ms": {k: float(match[f"k{k}"]) for k in (1, 2, 4, 8)},
                                        "best_over_k1": float(match["ratio"])})

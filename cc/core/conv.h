@@ -2,7 +2,7 @@
 // paddings and dilations of keras.layers.Conv2D. Each sample is an
 // independent work item (im2col + GEMM) run on one of k lanes
 // (Note [Lane pool] in lane_pool.h). The CUDA backend
-// (cc/cuda/lane_pool_cuda.cu) computes the same thing with the same work
+// (cc/cuda/concurrent_ops.cu) computes the same thing with the same work
 // items (Note [Work plan] in work_plan.h).
 //
 // Note [Concurrent determinism]

@@ -14,7 +14,7 @@
 #include <cstring>
 
 // The conversions are also device functions when nvcc compiles this header
-// (the CUDA backend's 16-bit conversions, cc/cuda/lane_pool_cuda.cu): one
+// (the CUDA backend's 16-bit conversions, cc/cuda/concurrent_ops.cu): one
 // definition of the rounding for both backends.
 #if defined(__CUDACC__)
 #define TF_GLP_HOST_DEVICE __host__ __device__

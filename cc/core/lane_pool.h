@@ -1,6 +1,6 @@
 // Lanes: how the layer-concurrency ops (GLP4NN) run a layer's independent
 // work items side by side. A CPU lane is a worker of a fixed thread pool; a
-// CUDA lane is a stream of a per-device stream pool (cc/cuda/lane_pool_cuda.h,
+// CUDA lane is a stream of a per-device stream pool (cc/cuda/stream_pool.h,
 // same contract).
 //
 // Note [Lane pool]
@@ -24,7 +24,7 @@
 //   runs on one thread at a time, so per-lane scratch needs no locking.
 //   Which lane runs an item is unspecified: results must not depend on it
 //   (Note [Concurrent determinism] in conv.h says how the ops ensure that).
-// * CUDA (cc/cuda/lane_pool_cuda.h): per device, a pool of up to kMaxLanes
+// * CUDA (cc/cuda/stream_pool.h): per device, a pool of up to kMaxLanes
 //   non-blocking streams, created lazily (the pool by std::call_once on the
 //   first call for that device, lane i by the first call asking for more than
 //   i lanes), each with its own cuBLAS handle and workspace, reused by every

@@ -1,6 +1,6 @@
 // The work plan of the layer-concurrency ops: how an op's output is cut into
 // work items, shared by the CPU lanes (cc/core/matmul.cc, conv.cc) and the
-// CUDA lanes (cc/cuda/lane_pool_cuda.cu).
+// CUDA lanes (cc/cuda/concurrent_ops.cu).
 //
 // Note [Work plan]
 // ~~~~~~~~~~~~~~~~

@@ -1,5 +1,5 @@
 // GPU checks of the CUDA lane pool and the concurrent conv / matmul kernels
-// (cc/cuda/lane_pool_cuda.h), built and run by tools/gpu_check.sh with nvcc
+// (cc/cuda/stream_pool.h, concurrent_ops.h), built and run by tools/gpu_check.sh with nvcc
 // alone (no TensorFlow). Checks behaviour (pool reuse, fork/join ordering,
 // results against the CPU core, bitwise equality across lane counts, cuBLAS
 // against the built-in GEMM), then prints a timing table. Not part of the op
@@ -17,7 +17,7 @@
 #include "cc/core/conv.h"
 #include "cc/core/lane_pool.h"
 #include "cc/core/matmul.h"
-#include "cc/cuda/lane_pool_cuda.h"
+#include "cc/cuda/concurrent_ops.h"
 #include "cc/tests/test_main.h"
 
 namespace tf_glp::cuda {
@@ -282,7 +282,8 @@ TEST(BadLaneCountIsAnError) {
 }
 
 // Forward + both gradients of one layer, per lane count: milliseconds.
-void TimingTable() {
+// Prints the table; returns 1 (after naming the case) if a step fails.
+int TimingTable() {
   struct Case {
     const char* name;
     int64_t batch, h, w, c, k, out, stride;
@@ -319,11 +320,16 @@ void TimingTable() {
       std::vector<float> samples;
       for (int rep = 0; rep < 12; ++rep) {
         cudaEventRecord(start, stream);
-        Conv2DForward(s, x.ptr, w.ptr, y.ptr, lanes, ws.ptr, stream, 0);
-        Conv2DBackpropInput(s, w.ptr, dy.ptr, dx.ptr, lanes, ws.ptr, stream, 0);
-        Conv2DBackpropFilter(s, x.ptr, dy.ptr, dw.ptr, lanes, ws.ptr, stream, 0);
+        std::string error = Conv2DForward(s, x.ptr, w.ptr, y.ptr, lanes, ws.ptr, stream, 0);
+        if (error.empty()) error = Conv2DBackpropInput(s, w.ptr, dy.ptr, dx.ptr, lanes, ws.ptr, stream, 0);
+        if (error.empty()) error = Conv2DBackpropFilter(s, x.ptr, dy.ptr, dw.ptr, lanes, ws.ptr, stream, 0);
         cudaEventRecord(stop, stream);
-        cudaEventSynchronize(stop);
+        const cudaError_t status = cudaEventSynchronize(stop);
+        if (error.empty() && status != cudaSuccess) error = cudaGetErrorString(status);
+        if (!error.empty()) {  // a time of a failed step would mean nothing
+          std::printf("%-34s FAILED at k=%d: %s\n", c.name, lanes, error.c_str());
+          return 1;
+        }
         float elapsed = 0;
         cudaEventElapsedTime(&elapsed, start, stop);
         if (rep >= 2) samples.push_back(elapsed);
@@ -337,6 +343,7 @@ void TimingTable() {
     std::printf("%-34s %9.3f %9.3f %9.3f %9.3f %7.2fx\n", label, ms[0], ms[1], ms[2], ms[3], ms[0] / best);
   }
   cudaStreamDestroy(stream);
+  return 0;
 }
 
 }  // namespace
@@ -358,6 +365,7 @@ int main(int argc, char** argv) {
   std::printf("device 0: %s (sm_%d%d), driver CUDA %d.%d, runtime CUDA %d.%d, GEMM: %s\n", prop.name, prop.major,
               prop.minor, driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10, gemm.c_str());
   const int failed = tf_glp::testing::RunAllTests();
-  if (argc < 2 || std::strcmp(argv[1], "--no-timing") != 0) tf_glp::cuda::TimingTable();
-  return failed;
+  int timing_failed = 0;
+  if (argc < 2 || std::strcmp(argv[1], "--no-timing") != 0) timing_failed = tf_glp::cuda::TimingTable();
+  return failed + timing_failed;
 }

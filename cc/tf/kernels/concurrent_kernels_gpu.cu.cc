@@ -1,12 +1,12 @@
 // CUDA backend of the layer-concurrency ops (concurrent_kernels.h):
-// cc/cuda/lane_pool_cuda.h on lanes forked from and joined back to the op's
+// cc/cuda/concurrent_ops.h on lanes forked from and joined back to the op's
 // TensorFlow stream. Compiled only when setup.py finds nvcc.
 #if GOOGLE_CUDA
 #include <cuda_runtime.h>
 
 #include <string>
 
-#include "cc/cuda/lane_pool_cuda.h"
+#include "cc/cuda/concurrent_ops.h"
 #include "cc/tf/kernels/concurrent_kernels.h"
 #include "xla/stream_executor/stream.h"
 #include "xla/stream_executor/stream_executor.h"
