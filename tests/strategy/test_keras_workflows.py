@@ -85,6 +85,33 @@ def test_checkpoint_and_backup_and_restore(tmp_path):
     assert os.path.isdir(backup) is False or not os.listdir(backup)  # cleaned up when training finished
 
 
+@pytest.mark.parametrize("update", ["host", "replicas"])
+def test_backup_and_restore_resumes_mid_epoch_at_the_batch(update, tmp_path):
+    # One machine: a plain keras.callbacks.BackupAndRestore becomes tf_glp's,
+    # which resumes at the batch of the backup (Keras' restarts the epoch).
+    strategy = tf_glp.Strategy(cpu_replicas=2, update=update, chunking="none")
+    x, y = _digits()
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)  # 8 steps an epoch, same order every run
+
+    class CrashAfterStep(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations.numpy()) == 11:
+                raise RuntimeError("crashed")
+
+    reference = _model(strategy)
+    reference.fit(data, epochs=2, verbose=0)
+    backup = str(tmp_path / "backup")
+    crashed = _model(strategy)
+    with pytest.raises(RuntimeError, match="crashed"):
+        crashed.fit(data, epochs=2, verbose=0,
+                    callbacks=[keras.callbacks.BackupAndRestore(backup, save_freq=3), CrashAfterStep()])
+    resumed = _model(strategy)
+    resumed.fit(data, epochs=2, verbose=0, callbacks=[keras.callbacks.BackupAndRestore(backup, save_freq=3)])
+    assert int(resumed.optimizer.iterations.numpy()) == 16
+    for a, b in zip(resumed.weights, reference.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+
+
 class TestErrors:
     def test_bad_arguments(self):
         with pytest.raises(ValueError, match="update must be 'host' or 'replicas', got 'gpu'"):
