@@ -162,11 +162,14 @@ def _install_model_hooks() -> None:
                 strategy.extended.check_same_on_every_worker(
                     [batch or 0], "the workers' global batch sizes differ ({low} to {high}; 0: not known before "
                     "training): every worker must use the same global batch size.")
-            callbacks = [_upgraded(c) for c in bound.arguments.get("callbacks") or []]
+            given = bound.arguments.get("callbacks")
+            callbacks = list(given or [])
+            if not isinstance(given, keras.callbacks.CallbackList):  # a CallbackList is the user's, whole
+                callbacks = [_upgraded(c) for c in callbacks]
             if not chunking_decision.decide_without_measuring(strategy):
                 if not any(isinstance(c, chunking_decision.ChunkingDecision) for c in callbacks):
                     callbacks.append(chunking_decision.ChunkingDecision(strategy))
-            if callbacks:
+            if callbacks != list(given or []):
                 bound.arguments["callbacks"] = callbacks
             return original(*bound.args, **bound.kwargs)
         return fit
