@@ -7,6 +7,8 @@
 namespace tf_glp::cuda {
 namespace {
 
+constexpr int kIm2ColThreads = 256;
+
 __global__ void Im2ColKernel(core::Conv2DShape s, const float* sample, float* col) {
   const int64_t patch = (s.filter_h * s.filter_w * s.in_c);
   const int64_t total = (s.out_h * s.out_w) * patch;
@@ -78,7 +80,7 @@ std::string PatchMatrix(const core::Conv2DShape& s, const float* input, int64_t 
   *col = sample;
   if (s.IsPointwise()) return "";
   const int64_t col_size = s.OutputPixels() * s.PatchSize();
-  Im2ColKernel<<<Blocks(col_size), 256, 0, lane.stream>>>(s, sample, lane_workspace);
+  Im2ColKernel<<<Blocks(col_size), kIm2ColThreads, 0, lane.stream>>>(s, sample, lane_workspace);
   TF_GLP_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   *col = lane_workspace;
   return "";
@@ -232,3 +234,14 @@ std::string MatMulGradWeights(int64_t m, int64_t k, int64_t n, const float* a,
 }
 
 }  // namespace tf_glp::cuda
+
+extern "C" int tf_glp_im2col_launch(int* threads_per_block, int* registers_per_thread,
+                                    int* shared_bytes_per_block) {
+  cudaFuncAttributes attributes;
+  const cudaError_t status = cudaFuncGetAttributes(&attributes, tf_glp::cuda::Im2ColKernel);
+  if (status != cudaSuccess) return static_cast<int>(status);
+  *threads_per_block = tf_glp::cuda::kIm2ColThreads;
+  *registers_per_thread = attributes.numRegs;
+  *shared_bytes_per_block = static_cast<int>(attributes.sharedSizeBytes);
+  return 0;
+}

@@ -53,4 +53,14 @@ std::string FromFloat32(const float* input, core::DType dtype, void* output, int
 
 }  // namespace tf_glp::cuda
 
+extern "C" {
+// The im2col kernel's launch resources as compiled for the current device
+// (threads per block, registers per thread, static shared memory per block),
+// for the start-up profiler's occupancy model: tf_glp/profiling/gpu_device.py
+// reads it with ctypes from the op library. Returns 0, or the cudaError_t.
+__attribute__((visibility("default"))) int tf_glp_im2col_launch(int* threads_per_block,
+                                                                int* registers_per_thread,
+                                                                int* shared_bytes_per_block);
+}  // extern "C"
+
 #endif  // TF_GLP_CC_CUDA_CONCURRENT_OPS_H_

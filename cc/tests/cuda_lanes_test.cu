@@ -262,6 +262,17 @@ TEST(SixteenBitConversionsMatchTheCore) {
   cudaFree(narrow);
 }
 
+// What the start-up profiler's occupancy model reads from the op library.
+TEST(Im2ColLaunchResourcesAreReadable) {
+  int threads = 0, registers = 0, shared = -1;
+  EXPECT_TRUE(tf_glp_im2col_launch(&threads, &registers, &shared) == 0);
+  EXPECT_TRUE(threads == 256);
+  EXPECT_TRUE(registers > 0 && registers <= 255);
+  EXPECT_TRUE(shared == 0);
+  std::printf("  im2col kernel: %d threads a block, %d registers a thread, %d bytes of shared memory\n", threads,
+              registers, shared);
+}
+
 TEST(BadLaneCountIsAnError) {
   core::Conv2DShape s;
   s.batch = 1, s.in_h = 4, s.in_w = 4, s.in_c = 1, s.filter_h = 3, s.filter_w = 3, s.out_c = 1;

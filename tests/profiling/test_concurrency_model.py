@@ -1,20 +1,87 @@
-"""The analytical cap on lane counts: on this CPU and on a described GPU."""
+"""The analytical cap on lane counts: on this CPU and on a described GPU
+(described by a fake CUDA driver: the properties an H200 reports)."""
 
 import dataclasses
 
 import pytest
 
+import tf_glp
 from tf_glp.profiling import concurrency_model as model
+from tf_glp.profiling import gpu_device, profiler
 
-H200 = model.KNOWN_GPUS["H200"]
+# What cuDeviceGetAttribute reports for an H200 (attribute number: value).
+H200_ATTRIBUTES = {13: 1_980_000, 16: 132, 39: 2048, 75: 9, 76: 0, 81: 233_472, 82: 65_536, 106: 32}
+
+
+class FakeDriver:
+    """libcuda's four calls that gpu_device uses, for a GPU that is not here."""
+
+    def __init__(self, attributes, name=b"NVIDIA H200"):
+        self.attributes, self.name = attributes, name
+
+    def cuInit(self, flags):
+        return 0
+
+    def cuDeviceGet(self, device, ordinal):
+        device._obj.value = ordinal
+        return 0
+
+    def cuDeviceGetName(self, buffer, length, device):
+        buffer.value = self.name[:length - 1]
+        return 0
+
+    def cuDeviceGetAttribute(self, value, number, device):
+        if number not in self.attributes:
+            return 1  # CUDA_ERROR_INVALID_VALUE
+        value._obj.value = self.attributes[number]
+        return 0
+
+
+H200 = gpu_device.describe(FakeDriver(H200_ATTRIBUTES))
+
+
+def test_the_driver_describes_the_gpu():
+    assert H200.name == "NVIDIA H200 (sm_90)"
+    assert (H200.multiprocessors, H200.max_threads_per_multiprocessor, H200.max_blocks_per_multiprocessor,
+            H200.registers_per_multiprocessor, H200.shared_bytes_per_multiprocessor) == (132, 2048, 32, 65536, 233472)
+    # 132 SMs x 128 float32 FMA lanes x 2 flops x 1.98 GHz = 66.9 TFLOP/s peak.
+    assert H200.flops_per_s == pytest.approx(0.75 * 66.9e12, rel=1e-3)
+    a100 = gpu_device.describe(FakeDriver({**H200_ATTRIBUTES, 13: 1_410_000, 16: 108, 75: 8, 76: 0}))
+    assert a100.flops_per_s == pytest.approx(0.75 * 19.5e12, rel=1e-2)  # 64 lanes per SM on sm_80
+    broken = dict(H200_ATTRIBUTES)
+    del broken[82]
+    assert gpu_device.describe(FakeDriver(broken)) is None
+    assert gpu_device.describe(None) is None
+
+
+def test_no_gpu_here_means_no_description_and_the_default_launch():
+    # This machine has no CUDA driver; the op library's query then fails
+    # cleanly (built with CUDA or not) and the profiler uses the default.
+    status = tf_glp.native_available()
+    assert gpu_device.im2col_launch(status.path if status.available else None) is None
+    assert profiler.gpu_kernel_launch() == model.IM2COL_LAUNCH
 
 
 def test_occupancy_limits():
-    # 256 threads, 32 registers: 8 blocks by threads, 8 by registers on an SM
-    # of 2048 threads and 64 Ki registers.
-    assert model.blocks_per_multiprocessor(H200, model.IM2COL_LAUNCH) == 8
+    # 256 threads (8 warps), 34 registers: a warp gets 34 x 32 = 1088
+    # registers rounded up to 1280, so 51 warps' worth of 64 Ki: 6 blocks
+    # (threads alone would allow 8).
+    assert model.blocks_per_multiprocessor(H200, model.IM2COL_LAUNCH) == 6
+    light = dataclasses.replace(model.IM2COL_LAUNCH, registers_per_thread=32)
+    assert model.blocks_per_multiprocessor(H200, light) == 8
     heavy = model.KernelLaunch(threads_per_block=256, registers_per_thread=128, shared_bytes_per_block=100 << 10)
     assert model.blocks_per_multiprocessor(H200, heavy) == 2  # shared memory and registers bind
+
+
+def test_the_profiler_uses_the_described_gpu(monkeypatch):
+    monkeypatch.setattr(profiler, "device_kind", lambda: "gpu")
+    monkeypatch.setattr(profiler, "gpu_description", lambda: H200)
+    work = model.LayerWork("conv2d", batch=32, flops_per_sample=2 * 16 * 16 * 9 * 32 * 64,
+                           im2col_elements_per_sample=16 * 16 * 9 * 32)
+    assert profiler.cap_for(work) == model.gpu_cap(work, H200, model.IM2COL_LAUNCH)
+    monkeypatch.setattr(profiler, "gpu_description", lambda: None)
+    cap, why = profiler.cap_for(work)
+    assert cap == 8 and "driver" in why
 
 
 def test_gpu_cap_small_layer_is_bounded_by_launch_overhead_and_batch():
@@ -24,7 +91,7 @@ def test_gpu_cap_small_layer_is_bounded_by_launch_overhead_and_batch():
     assert cap == 1 and "launch" in why
     fast_launch = dataclasses.replace(H200, launch_overhead_s=1e-12)
     cap, _ = model.gpu_cap(lenet, fast_launch)
-    assert cap == min(64, 132 * 8 // -(-24 * 24 * 25 // 256))  # occupancy bound: resident blocks / blocks per sample
+    assert cap == min(64, 132 * 6 // -(-24 * 24 * 25 // 256))  # occupancy bound: resident blocks / blocks per sample
 
 
 def test_gpu_cap_large_layer_fills_the_gpu_alone():
@@ -46,10 +113,3 @@ def test_cpu_cap_threads_and_work():
 @pytest.mark.parametrize("cap,expected", [(1, [1]), (2, [1, 2]), (6, [1, 2, 4, 6]), (8, [1, 2, 4, 8])])
 def test_candidates(cap, expected):
     assert model.candidates(cap) == expected
-
-
-def test_known_gpus_by_whole_word():
-    assert model.known_gpu("NVIDIA H200").name == "H200"
-    assert model.known_gpu("NVIDIA L4").name == "L4"
-    assert model.known_gpu("NVIDIA L40S") is None
-    assert model.known_gpu("Tesla T4").name == "T4"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 
 from tf_glp.ops.concurrent import MAX_CONCURRENCY
 
@@ -42,21 +41,23 @@ class LayerWork:
 
 @dataclasses.dataclass(frozen=True)
 class KernelLaunch:
-    """A tf_glp CUDA kernel's launch configuration (cc/cuda/lane_pool_cuda.cu)."""
+    """A tf_glp CUDA kernel's launch resources (cc/cuda/concurrent_ops.cu)."""
 
     threads_per_block: int
     registers_per_thread: int
     shared_bytes_per_block: int
 
 
-# tf_glp's im2col kernel: 256 threads, no shared memory; registers as
-# reported by `nvcc -Xptxas -v` for sm_90 (rounded up).
-IM2COL_LAUNCH = KernelLaunch(threads_per_block=256, registers_per_thread=32, shared_bytes_per_block=0)
+# tf_glp's im2col kernel when the op library cannot say (gpu_device.py asks
+# it): 256 threads, no shared memory, 34 registers as `nvcc -Xptxas -v`
+# reports for sm_90 (32 for sm_80).
+IM2COL_LAUNCH = KernelLaunch(threads_per_block=256, registers_per_thread=34, shared_bytes_per_block=0)
 
 
 @dataclasses.dataclass(frozen=True)
 class GpuDescription:
-    """The device properties the model needs (cudaDeviceProp names)."""
+    """The device properties the model needs (as cuDeviceGetAttribute names
+    them; gpu_device.py reads them from the driver)."""
 
     name: str
     multiprocessors: int
@@ -68,28 +69,19 @@ class GpuDescription:
     launch_overhead_s: float = 5e-6
 
 
-# Known devices by name substring (properties from NVIDIA's data sheets).
-KNOWN_GPUS = {
-    "H200": GpuDescription("H200", 132, 2048, 32, 65536, 228 << 10, 50e12),
-    "H100": GpuDescription("H100", 132, 2048, 32, 65536, 228 << 10, 50e12),
-    "A100": GpuDescription("A100", 108, 2048, 32, 65536, 164 << 10, 18e12),
-    "L4": GpuDescription("L4", 58, 1536, 24, 65536, 100 << 10, 25e12),
-    "T4": GpuDescription("T4", 40, 1024, 16, 65536, 64 << 10, 7e12),
-    "V100": GpuDescription("V100", 80, 2048, 32, 65536, 96 << 10, 14e12),
-}
-
-
-def known_gpu(device_name: str) -> GpuDescription | None:
-    """The description of a device named like "NVIDIA H200" (a whole-word
-    match: "L4" is not "L40S")."""
-    words = set(re.split(r"[^A-Za-z0-9]+", device_name.upper()))
-    return next((gpu for key, gpu in KNOWN_GPUS.items() if key in words), None)
+WARP = 32
+REGISTERS_PER_WARP_UNIT = 256  # registers are given to warps in blocks of 256
 
 
 def blocks_per_multiprocessor(gpu: GpuDescription, launch: KernelLaunch) -> int:
-    """Resident blocks of one kernel per SM (what cudaOccupancyMaxActiveBlocksPerMultiprocessor computes)."""
+    """Resident blocks of one kernel per SM, limited by threads, blocks,
+    registers (allocated per warp, in units of 256) and shared memory: what
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor computes, without the
+    shared-memory allocation granularity (tf_glp's kernels use none)."""
     by_threads = gpu.max_threads_per_multiprocessor // launch.threads_per_block
-    by_registers = gpu.registers_per_multiprocessor // max(1, launch.registers_per_thread * launch.threads_per_block)
+    warps_per_block = -(-launch.threads_per_block // WARP)
+    registers_per_warp = -(-launch.registers_per_thread * WARP // REGISTERS_PER_WARP_UNIT) * REGISTERS_PER_WARP_UNIT
+    by_registers = (gpu.registers_per_multiprocessor // max(1, registers_per_warp)) // warps_per_block
     by_shared = (gpu.shared_bytes_per_multiprocessor // launch.shared_bytes_per_block
                  if launch.shared_bytes_per_block else gpu.max_blocks_per_multiprocessor)
     return max(0, min(gpu.max_blocks_per_multiprocessor, by_threads, by_registers, by_shared))

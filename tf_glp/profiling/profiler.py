@@ -1,20 +1,24 @@
 """Timing each GLP layer at start-up and choosing its concurrency.
 
-For every eligible layer (Conv2D / Dense, float32, channels_last, groups 1),
-at its real input shape, dtype and device: TensorFlow's own kernel and each
-candidate lane count k (capped by concurrency_model.py) run forward and
-backward, `warmup` times untimed, then `trials` times timed. The choice is
-the fastest median, except that the simpler candidate (native, then fewer
-lanes) wins whenever it is within the measured spread of the fastest: a
-level is never chosen unless it measured faster than TensorFlow's kernel.
+For every eligible layer (Conv2D / Dense computing in float32, float16 or
+bfloat16, channels_last, groups 1), at its real input shape, dtype and
+device: the layer's convolution or matrix product with TensorFlow's own
+kernel and with each candidate lane count k (capped by
+concurrency_model.py), forward and backward, in one function for the whole
+model (see time_layers): WARMUP untimed rounds, then `trials` timed ones.
+The choice is the fastest median, except that the simpler candidate
+(native, then fewer lanes) wins whenever it is within the measured spread
+of the fastest: a level is never chosen unless it measured faster than
+TensorFlow's kernel.
 
-Profiling reads the layers' variables and writes nothing: weights,
-optimizer state, random generators and step counters are untouched (inputs
-come from a local NumPy generator).
+Profiling reads only the layers' shapes and configuration: weights,
+optimizer state, random generators and step counters are untouched (the
+operands come from a local NumPy generator).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import warnings
@@ -27,9 +31,10 @@ import tensorflow as tf
 import tf_glp
 from tf_glp import plan as plan_lib
 from tf_glp.layers import as_glp_layer, is_eligible
-from tf_glp.profiling import concurrency_model
+from tf_glp.ops.concurrent import concurrent_conv2d, concurrent_matmul
+from tf_glp.profiling import concurrency_model, gpu_device
 
-WARMUP = 2
+WARMUP = 1  # untimed rounds: the first instantiates the function and warms the kernels
 
 
 def device_kind() -> str:
@@ -42,12 +47,18 @@ def op_threads() -> int:
 
 
 def gpu_description() -> concurrency_model.GpuDescription | None:
-    """The first GPU's properties, from its name (None if unknown)."""
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
+    """The first GPU's properties, from the CUDA driver (None without one)."""
+    if not tf.config.list_physical_devices("GPU"):
         return None
-    name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "")
-    return concurrency_model.known_gpu(name)
+    return gpu_device.describe(gpu_device.load_driver())
+
+
+def gpu_kernel_launch() -> concurrency_model.KernelLaunch:
+    """tf_glp's im2col kernel as compiled for the GPU (the op library says,
+    once it is loaded), else the documented default."""
+    status = tf_glp.native_available()  # loads the library first: see gpu_device.im2col_launch
+    launch = gpu_device.im2col_launch(status.path if status.available else None)
+    return launch or concurrency_model.IM2COL_LAUNCH
 
 
 def device_string() -> str:
@@ -108,70 +119,113 @@ def cap_for(work: concurrency_model.LayerWork) -> tuple[int, str]:
     if device_kind() == "gpu":
         gpu = gpu_description()
         if gpu is None:
-            return min(8, work.batch), "unknown GPU: at most 8 lanes"
-        return concurrency_model.gpu_cap(work, gpu)
+            return min(8, work.batch), "the CUDA driver did not describe the GPU: at most 8 lanes"
+        return concurrency_model.gpu_cap(work, gpu, gpu_kernel_launch())
     return concurrency_model.cpu_cap(work, op_threads())
 
 
-def time_layer(layer, input_shape: Sequence[int], dtype: str, concurrencies: Sequence[int | None],
-               trials: int) -> list[list[float]]:
-    """Seconds of forward + backward (input and weight gradients) for each
-    concurrency, per trial.
+def _core(layer: keras.layers.Layer, concurrency: int | None) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
+    """What the layer's concurrency changes: its convolution or matrix
+    product (Keras' own op for None, tf_glp's over k lanes). Bias and
+    activation are the same ops whatever the choice, so they are not timed."""
+    if isinstance(layer, keras.layers.Conv2D):
+        if concurrency is None:
+            return lambda x, w: keras.layers.Conv2D.convolution_op(layer, x, w)
+        return lambda x, w: concurrent_conv2d(x, w, strides=list(layer.strides), padding=layer.padding,
+                                              dilations=list(layer.dilation_rate), concurrency=concurrency)
+    if concurrency is None:
+        return tf.matmul  # what keras.layers.Dense runs on rows
+    return lambda x, w: concurrent_matmul(x, w, concurrency=concurrency)
 
-    All candidates run in one traced function, one after the other, each
-    bracketed by tf.timestamp() and chained by control dependencies: one
-    trace per layer instead of one per candidate (tracing, not running, is
-    most of the profiling time on small layers).
+
+def _operands(layer: keras.layers.Layer, input_shape: Sequence[int], dtype: str,
+              rng: np.random.Generator) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Random input, kernel and output gradient of the layer's core op at
+    its real shapes and dtype (the layer's variables are not read)."""
+    kernel_shape = [int(d) for d in layer.kernel.shape]
+    if isinstance(layer, keras.layers.Conv2D):
+        out_shape = [int(d) for d in layer.compute_output_shape(tuple(input_shape))]
+    else:  # Dense: the rows its matmul sees
+        input_shape = [int(np.prod(input_shape[:-1])), input_shape[-1]]
+        out_shape = [input_shape[0], kernel_shape[1]]
+    return tuple(tf.constant(rng.random(shape, dtype=np.float32) - 0.5, dtype=dtype)
+                 for shape in (input_shape, kernel_shape, out_shape))
+
+
+@contextlib.contextmanager
+def _without_graph_optimizer():
+    """Grappler off while the timing function is instantiated and run: its
+    passes take longer than the whole measurement on small models, and the
+    timed ops are the kernels themselves (restored on exit)."""
+    before = tf.config.optimizer.get_experimental_options().get("disable_meta_optimizer", False)
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+    try:
+        yield
+    finally:
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": before})
+
+
+def time_layers(jobs: Sequence[tuple[keras.layers.Layer, Sequence[int], str, Sequence[int | None]]], trials: int,
+                progress: Callable[[int], None] | None = None) -> list[list[list[float]]]:
+    """Seconds of forward + backward (input and kernel gradients) of each
+    job's core op, for each of its concurrencies, per trial.
+
+    A job is (layer, input shape, dtype, concurrencies). Every candidate of
+    every layer runs in one traced function, one after the other, each
+    bracketed by tf.timestamp() and chained by control dependencies; a call
+    of it is one round, so rounds interleave the candidates and a drift of
+    the machine's speed hits them alike. One trace and one instantiation for
+    the whole model: those, not the kernels, were most of the cost when each
+    layer (or candidate) had its own function.
     """
     rng = np.random.default_rng(0)  # local: the global generators stay untouched
-    x = tf.constant(rng.standard_normal(input_shape).astype(dtype))
-    dy_shape = layer.compute_output_shape(tuple(input_shape))
-    dy = tf.constant(rng.standard_normal([int(d) for d in dy_shape]).astype(dtype))
-    weights = [v.value for v in layer.trainable_variables]
-    saved = _layer_state(layer)
+    on_gpu = device_kind() == "gpu"
+    timed = []
+    for layer, input_shape, dtype, concurrencies in jobs:
+        x, w, dy = _operands(layer, input_shape, dtype, rng)
+        timed.extend((_core(layer, concurrency), x, w, dy) for concurrency in concurrencies)
 
     @tf.function(autograph=False)
-    def run_all():
+    def one_round():
         durations, kept = [], []
+        if on_gpu:
+            flat, first = tf.constant([-1]), tf.constant(0)
         token = tf.timestamp()
-        for concurrency in concurrencies:
-            as_glp_layer(layer, concurrency)  # read when the call below is traced
+        for core, x, w, dy in timed:
             with tf.control_dependencies([token]):
                 start = tf.timestamp()
-            with tf.control_dependencies([start]):
-                inputs = tf.identity(x)
+            with tf.control_dependencies([start]):  # every op below waits for the stamp
                 with tf.GradientTape() as tape:
-                    tape.watch(inputs)
-                    outputs = layer(inputs)
-                grads = tape.gradient(outputs, [inputs, *weights], output_gradients=dy)
-            grads = [g for g in grads if g is not None]
-            with tf.control_dependencies(grads):
+                    tape.watch([x, w])
+                    y = core(x, w)
+                done = [y, *tape.gradient(y, [x, w], output_gradients=dy)]
+            if on_gpu:
+                # The kernels run after their launch: the end stamp waits
+                # for one element of each output copied to the host.
+                firsts = [tf.gather(tf.reshape(t, flat), first) for t in done]
+                with tf.device("/device:CPU:0"):
+                    done = [tf.identity(t) for t in firsts]
+                kept.extend(done)
+            # A control edge keeps the work: the stamp is stateful, and the
+            # graph optimizer (which would prune it) is off, see above.
+            with tf.control_dependencies(done):
                 token = tf.timestamp()
             durations.append(token - start)
-            # Returned, so that Grappler cannot prune the work as unused
-            # (a control edge to a timestamp does not keep it alive).
-            kept.extend(tf.reshape(g, [-1])[0] for g in grads)
         return tf.stack(durations), kept
 
-    try:
-        runs = [run_all()[0].numpy() for _ in range(WARMUP + trials)][WARMUP:]
-    finally:
-        _restore_layer(layer, saved)
-    return [[float(run[i]) for run in runs] for i in range(len(concurrencies))]
-
-
-def _layer_state(layer) -> tuple:
-    return type(layer), "concurrency" in vars(layer), getattr(layer, "concurrency", None)
-
-
-def _restore_layer(layer, state: tuple) -> None:
-    """Puts back the layer's class and concurrency (or its absence)."""
-    kind, had_concurrency, concurrency = state
-    layer.__class__ = kind
-    if had_concurrency:
-        layer.concurrency = concurrency
-    else:
-        vars(layer).pop("concurrency", None)
+    rounds = []
+    with _without_graph_optimizer():
+        for _ in range(WARMUP + trials):
+            rounds.append(one_round()[0].numpy())
+            if progress:
+                progress(1)
+    rounds = rounds[WARMUP:]
+    per_candidate = [[float(r[i]) for r in rounds] for i in range(len(timed))]
+    out, at = [], 0
+    for *_, concurrencies in jobs:
+        out.append(per_candidate[at:at + len(concurrencies)])
+        at += len(concurrencies)
+    return out
 
 
 def _spread(times: list[float]) -> float:
@@ -199,20 +253,22 @@ def choose(candidates: list[plan_lib.Candidate]) -> tuple[int | None, str]:
 
 def profile_layers(layers: Sequence[keras.layers.Layer], batch: int, header: dict, candidates="auto",
                    trials: int = 5, progress: Callable[[int], None] | None = None) -> plan_lib.Plan:
-    """Times every layer; returns the plan (header as given)."""
+    """Times every layer; returns the plan (header as given). `progress` is
+    called once per round (WARMUP + trials rounds)."""
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
-    entries = []
+    jobs, caps = [], []
     for layer in layers:
         input_shape, dtype = layer_input(layer, batch)
         cap, cap_reason = cap_for(layer_work(layer, input_shape))
         counts = concurrency_model.candidates(cap) if candidates == "auto" else [k for k in candidates if k <= cap]
-        concurrencies = [None, *counts]
-        per_candidate = time_layer(layer, input_shape, dtype, concurrencies, trials)
+        jobs.append((layer, input_shape, dtype, [None, *counts]))
+        caps.append((cap, cap_reason))
+    entries = []
+    for (layer, input_shape, dtype, concurrencies), (cap, cap_reason), per_candidate in zip(
+            jobs, caps, time_layers(jobs, trials, progress)):
         timed = [plan_lib.Candidate(k, statistics.median(times) * 1e3, _spread(times) * 1e3)
                  for k, times in zip(concurrencies, per_candidate)]
-        if progress:
-            progress(1)
         choice, reason = choose(timed)
         entries.append(plan_lib.LayerPlan(layer.name, type(layer).__name__, input_shape, dtype, layer_config(layer),
                                           cap, cap_reason, timed, choice, reason))
@@ -270,7 +326,7 @@ def load_or_profile(layers, batch: int, plan_path: str | None, candidates="auto"
             if why is None:
                 return stored, True
             warnings.warn(f"tf_glp: the plan {plan_path} is for another run ({why}); profiling again", stacklevel=3)
-    bar = keras.utils.Progbar(len(layers), unit_name="layer") if verbose else None
+    bar = keras.utils.Progbar(WARMUP + trials, unit_name="round") if verbose else None
     plan = profile_layers(layers, batch, header, candidates, trials, progress=bar.add if bar else None)
     if plan_path:
         plan_lib.write(plan, plan_path)
