@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("gpu_check_summary", ROOT / "tools" / "gpu_check_summary.py")
 gpu_check_summary = importlib.util.module_from_spec(_spec)
@@ -33,6 +35,7 @@ LeNet conv1 (64)                       0.210     0.150     0.120     0.118    1.
 device 0: NVIDIA H200 (sm_90), driver CUDA 13.0, runtime CUDA 13.0, GEMM: built-in tiled GEMM
 [ OK ] PoolIsPerDeviceLazyAndReused
 8 passed, 0 failed
+== profiler's GPU model: NVIDIA H200 (sm_90), 132 SMs, 2048 threads / 32 blocks / 65536 registers / 233472 shared bytes per SM, 50.2 TFLOP/s sustained float32 (assumed 75% of peak)
 """
 
 
@@ -51,7 +54,24 @@ def test_summary_has_versions_devices_tests_and_timings():
     assert cublas["timings"] == [{"layer": "LeNet conv1 (64)", "ms": {1: 0.21, 2: 0.15, 4: 0.12, 8: 0.118},
                                   "best_over_k1": 1.78}]
     assert builtin["device"]["gemm"] == "built-in tiled GEMM" and builtin["failed"] == 0
+    assert summary["profiler_gpu_model"].startswith("NVIDIA H200 (sm_90), 132 SMs")
     assert summary["all_passed"] is False
+
+
+def test_gpu_describe_says_when_the_driver_does_not_describe_a_gpu():
+    import ctypes  # noqa: PLC0415
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        pass
+    else:
+        pytest.skip("this machine has a CUDA driver")
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_describe.py")], capture_output=True, text=True)
+    assert out.returncode == 1
+    line = out.stdout.strip()
+    assert line == "== profiler's GPU model: FAILED (the CUDA driver did not describe device 0)"
+    assert gpu_check_summary.summarize(line)["profiler_gpu_model"].startswith("FAILED")
 
 
 def test_command_line_writes_json(tmp_path):

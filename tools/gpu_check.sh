@@ -150,4 +150,9 @@ status=0
 timeout 240 "$BUILD_DIR/cuda_lanes_test" "${TEST_ARGS[@]}" || status=$?
 echo "== GPU tests with the built-in GEMM (TF_GLP_CUDA_GEMM=builtin)"
 TF_GLP_CUDA_GEMM=builtin timeout 240 "$BUILD_DIR/cuda_lanes_test" --no-timing || status=$?
+if command -v python3 >/dev/null; then
+  python3 "$ROOT/tools/gpu_describe.py" || status=1
+else
+  echo "== profiler's GPU model: not checked (no python3)"
+fi
 exit $status

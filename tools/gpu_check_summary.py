@@ -6,7 +6,8 @@ Standard library only (the GPU machine has no TensorFlow). Reads the lines
 the kit and its test binaries print: "== driver: ...", "== building ... CUDA
 code with NVCC (VERSION), archs: A", the "== ..." section headers, "device 0:
 NAME (sm_XY), driver CUDA a.b, runtime CUDA c.d, GEMM: G", "[ OK ] test",
-"[FAIL] test: message", "N passed, M failed" and the timing table's rows.
+"[FAIL] test: message", "N passed, M failed", the timing table's rows and
+"== profiler's GPU model: ..." (tools/gpu_describe.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ _TIMING = re.compile(r"^(?P<layer>.+?)\s+(?P<k1>[\d.]+)\s+(?P<k2>[\d.]+)\s+(?P<k
 
 
 def summarize(text: str, exit_status: int | None = None) -> dict:
-    summary: dict = {"exit_status": exit_status, "driver": None, "build": None, "sections": []}
+    summary: dict = {"exit_status": exit_status, "driver": None, "build": None, "profiler_gpu_model": None,
+                     "sections": []}
     section = None
     in_timing = False
     for line in text.splitlines():
@@ -32,6 +34,8 @@ def summarize(text: str, exit_status: int | None = None) -> dict:
             summary["driver"] = line[len("== driver: "):]
         elif line.startswith("== building "):
             summary["build"] = line[len("== building "):]
+        elif line.startswith("== profiler's GPU model: "):
+            summary["profiler_gpu_model"] = line[len("== profiler's GPU model: "):]
         elif line.startswith("== ") and "tests" in line:
             section = {"name": line[3:], "device": None, "tests": {}, "passed": None, "failed": None,
                        "timings": []}

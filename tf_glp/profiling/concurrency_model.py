@@ -19,6 +19,7 @@ import dataclasses
 import math
 
 from tf_glp.ops.concurrent import MAX_CONCURRENCY
+from tf_glp.profiling.gpu_device import GpuDescription, KernelLaunch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,34 +40,10 @@ class LayerWork:
     im2col_elements_per_sample: int = 0
 
 
-@dataclasses.dataclass(frozen=True)
-class KernelLaunch:
-    """A tf_glp CUDA kernel's launch resources (cc/cuda/concurrent_ops.cu)."""
-
-    threads_per_block: int
-    registers_per_thread: int
-    shared_bytes_per_block: int
-
-
 # tf_glp's im2col kernel when the op library cannot say (gpu_device.py asks
 # it): 256 threads, no shared memory, 34 registers as `nvcc -Xptxas -v`
 # reports for sm_90 (32 for sm_80).
 IM2COL_LAUNCH = KernelLaunch(threads_per_block=256, registers_per_thread=34, shared_bytes_per_block=0)
-
-
-@dataclasses.dataclass(frozen=True)
-class GpuDescription:
-    """The device properties the model needs (as cuDeviceGetAttribute names
-    them; gpu_device.py reads them from the driver)."""
-
-    name: str
-    multiprocessors: int
-    max_threads_per_multiprocessor: int
-    max_blocks_per_multiprocessor: int
-    registers_per_multiprocessor: int
-    shared_bytes_per_multiprocessor: int
-    flops_per_s: float  # sustained float32 GEMM rate
-    launch_overhead_s: float = 5e-6
 
 
 WARP = 32

@@ -7,15 +7,39 @@ The device's come from the CUDA driver (libcuda, which TensorFlow loads for
 any GPU it sees) through cuDeviceGetAttribute, whose attribute numbers are
 fixed in cuda.h; the kernel's from the op library's tf_glp_im2col_launch
 (cudaFuncGetAttributes, cc/cuda/concurrent_ops.h). ctypes only, so nothing
-here needs a build, and every function takes the library as an argument so
-that tests can describe a GPU that is not there.
+here needs a build or TensorFlow (tools/gpu_check.sh runs describe() on the
+GPU machine, which has no TensorFlow), and the functions take the library
+as an argument so that tests can describe a GPU that is not there.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 
-from tf_glp.profiling.concurrency_model import GpuDescription, KernelLaunch
+
+@dataclasses.dataclass(frozen=True)
+class KernelLaunch:
+    """A tf_glp CUDA kernel's launch resources (cc/cuda/concurrent_ops.cu)."""
+
+    threads_per_block: int
+    registers_per_thread: int
+    shared_bytes_per_block: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuDescription:
+    """The device properties the model needs (describe() reads them from the driver)."""
+
+    name: str
+    multiprocessors: int
+    max_threads_per_multiprocessor: int
+    max_blocks_per_multiprocessor: int
+    registers_per_multiprocessor: int
+    shared_bytes_per_multiprocessor: int
+    flops_per_s: float  # sustained float32 GEMM rate
+    launch_overhead_s: float = 5e-6
+
 
 # CUdevice_attribute values (cuda.h).
 _CLOCK_KHZ = 13
