@@ -223,3 +223,35 @@ def test_subclassed_model_layers_are_skipped_with_a_warning():
     with pytest.warns(UserWarning, match="not profiling dense.*input shapes are unknown"):
         model.fit(x, y, batch_size=32, epochs=1, verbose=0,
                   callbacks=[ConcurrencyProfiler(trials=1, plan_path=None, verbose=0)])
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_layers_are_profiled_in_their_compute_dtype(policy, tmp_path, monkeypatch):
+    _forced(monkeypatch, 2)
+    path = str(tmp_path / "plan.json")
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        profiled, profiled_loss = _train(_sequential, [ConcurrencyProfiler(trials=1, plan_path=path, verbose=0)])
+        reused, reused_loss = _train(_sequential, [ConcurrencyProfiler(trials=1, plan_path=path, verbose=0)])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    plan = plan_lib.read(path)
+    assert {layer.dtype for layer in plan.layers} == {policy.removeprefix("mixed_")}
+    assert all(c.median_ms > 0 for layer in plan.layers for c in layer.candidates)
+    assert profiled_loss == reused_loss and np.all(np.isfinite(profiled_loss))
+    for a, b in zip(profiled.weights, reused.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("user_setting", [None, True, False])
+def test_profiling_leaves_the_graph_optimizer_setting_as_it_was(user_setting):
+    # Profiling turns Grappler off while it runs (profiler._without_graph_optimizer).
+    before = tf.config.optimizer.get_experimental_options()
+    if user_setting is not None:
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": user_setting})
+    try:
+        tf_glp.profile(_sequential(), _data(32)[0], trials=1)
+        assert tf.config.optimizer.get_experimental_options().get("disable_meta_optimizer", False) == bool(user_setting)
+    finally:
+        tf.config.optimizer.set_experimental_options(
+            {"disable_meta_optimizer": before.get("disable_meta_optimizer", False)})

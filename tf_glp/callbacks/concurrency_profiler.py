@@ -25,7 +25,7 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
     Args:
         candidates: "auto" (lane counts up to the analytical cap, see
             tf_glp.profiling.concurrency_model) or a list of lane counts.
-        trials: Timed runs per candidate (after 2 untimed ones); the median
+        trials: Timed runs per candidate (after 1 untimed one); the median
             counts.
         plan_path: Where the plan is read from and written to (None: neither).
         log_dir: If set, TensorBoard summaries: the table as text, a
