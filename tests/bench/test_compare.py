@@ -61,6 +61,30 @@ def test_failing_concept_does_not_stop_the_others(tmp_path, monkeypatch):
     assert "failed: RuntimeError: this model refuses central storage" in open(os.path.join(out, "report.md")).read()
 
 
+def test_a_crashed_run_runs_once_more_and_the_report_says_so(tmp_path, monkeypatch):
+    real, calls = compare._run_one, []
+
+    def crash_first(spec, timeout):
+        calls.append(spec["concept"])
+        if len(calls) == 1:  # as a SIGSEGV inside TensorFlow looks
+            return {"ok": False, "error": "exited with status -11: ['no output']", "crashed": True}
+        return real(spec, timeout)
+
+    monkeypatch.setattr(compare, "_run_one", crash_first)
+    out = str(tmp_path / "out")
+    assert compare.main(["--workload", "cnn", "--steps", "3", "--concepts", "one-device", "--out", out]) == 0
+    assert calls == ["one-device", "one-device"]
+    data = json.load(open(os.path.join(out, "results.json")))
+    assert "steps_per_s" in data["summary"]["cnn|one-device|1|1"]
+    assert data["runs"][0]["result"]["retried_after"] == "exited with status -11: ['no output']"
+    assert ("Run again after a crash: cnn one-device 1 x 1 seed 0 (first attempt exited with status -11"
+            in open(os.path.join(out, "report.md")).read())
+    # A run that fails with an error (not a crash) is not run again.
+    calls.clear()
+    monkeypatch.setattr(compare, "_run_one", lambda spec, timeout: calls.append(1) or {"ok": False, "error": "E"})
+    assert compare._run_retrying_a_crash({}, 1) == {"ok": False, "error": "E"} and calls == [1]
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--replicas", "0"], "--replicas must be a comma-separated list of integers >= 1"),
     (["--steps", "2"], "--steps must be >= 3"),

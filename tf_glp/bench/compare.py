@@ -10,7 +10,8 @@ lists them), each run in its own process, and writes DIR/report.md (also
 printed), DIR/results.json (every raw number) and PNG plots (throughput vs
 replicas, scaling efficiency, loss curves; they need matplotlib). Scaling
 efficiency is throughput(concept, N) / (N x throughput(one device, 1)).
-A failed concept is reported with its error; the others still run.
+A failed concept is reported with its error; the others still run. A run
+killed by a signal (a crash) runs once more, and the report says so.
 """
 
 from __future__ import annotations
@@ -118,7 +119,22 @@ def _run_one(spec: dict, timeout: float) -> dict:
     for line in reversed(text.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    return {"ok": False, "error": f"exited with status {status}: {stderr.strip().splitlines()[-1:] or ['no output']}"}
+    return {"ok": False, "error": f"exited with status {status}: {stderr.strip().splitlines()[-1:] or ['no output']}",
+            "crashed": status is not None and status < 0}
+
+
+def _run_retrying_a_crash(spec: dict, timeout: float) -> dict:
+    """One run; a run killed by a signal (not one that failed with an
+    error) runs once more, and its result says so. TensorFlow 2.21 crashes
+    now and then (seen: a SIGSEGV while fit() built its data adapter, in
+    stock MirroredStrategy, once in some hundred runs), and one such crash
+    should not cost a cell of a long comparison."""
+    result = _run_one(spec, timeout)
+    if result.get("ok") or not result.get("crashed"):
+        return result
+    retried = _run_one(spec, timeout)
+    retried["retried_after"] = result["error"]
+    return retried
 
 
 def machine() -> dict:
@@ -182,7 +198,7 @@ def summarise(results: list[dict]) -> dict:
     return summary
 
 
-def report(args, info: dict, summary: dict, elapsed: float, plots: list[str]) -> str:
+def report(args, info: dict, summary: dict, results: list[dict], elapsed: float, plots: list[str]) -> str:
     lines = [f"# Distributed-training concepts compared — {datetime.date.today().isoformat()}", "",
              f"Machine: {info['cpu']}, {info['cores']} cores, GPUs: {', '.join(info['gpus']) or 'none'}; "
              f"Python {info['python']}, TensorFlow {info['tensorflow']}, Keras {info['keras']}, "
@@ -215,6 +231,11 @@ def report(args, info: dict, summary: dict, elapsed: float, plots: list[str]) ->
                          f"{efficiency} | {r['warmup_s']:.1f} | {r['final_loss']:.3f} | {r['final_metric']:.3f} | "
                          f"{target} |")
         lines.append("")
+    retried = [r for r in results if "retried_after" in r["result"]]
+    if retried:
+        lines += ["Run again after a crash: " + "; ".join(
+            f"{r['spec']['workload']} {r['spec']['concept']} {r['spec']['replicas']} x {r['spec'].get('workers', 1)} "
+            f"seed {r['spec']['seed']} (first attempt {r['result']['retried_after']})" for r in retried), ""]
     lines += ["Concepts: " + "; ".join(f"{name}: {CONCEPTS[name][0]}" for name in args.concepts), ""]
     lines += [f"Plots: {', '.join(plots)}" if plots else "Plots: not drawn (needs matplotlib: pip install 'tf_glp[plot]')", ""]
     return "\n".join(lines)
@@ -277,14 +298,14 @@ def main(argv: list[str] | None = None) -> int:
 
     bar = keras.utils.Progbar(len(runs), unit_name="run")
     for spec in runs:
-        result = _run_one(spec, args.timeout)
+        result = _run_retrying_a_crash(spec, args.timeout)
         results.append({"spec": spec, "result": result})
         bar.add(1)
     elapsed = time.time() - start
     info = machine()
     summary = summarise(results)
     plots = draw(args, summary, results, args.out)
-    text = report(args, info, summary, elapsed, plots)
+    text = report(args, info, summary, results, elapsed, plots)
     with open(os.path.join(args.out, "report.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "results.json"), "w") as f:
