@@ -255,3 +255,48 @@ def test_profiling_leaves_the_graph_optimizer_setting_as_it_was(user_setting):
     finally:
         tf.config.optimizer.set_experimental_options(
             {"disable_meta_optimizer": before.get("disable_meta_optimizer", False)})
+
+
+def _what_people_train():
+    """Augmentation, a strided bias-free convolution, batch normalization, a
+    dilated convolution, a Dense on a sequence (rank-3 input), dropout."""
+    inputs = keras.Input((12, 12, 3))
+    x = L.RandomFlip("horizontal", seed=1)(inputs)
+    x = L.Conv2D(8, 3, strides=2, padding="same", use_bias=False, name="strided")(x)
+    x = L.Activation("relu")(L.BatchNormalization()(x))
+    x = L.Conv2D(8, 3, dilation_rate=2, padding="same", name="dilated")(x)
+    x = L.Dense(16, activation="gelu", name="per_position")(L.Reshape((36, 8))(x))
+    x = L.Dropout(0.2, seed=2)(L.GlobalAveragePooling1D()(x))
+    return keras.Model(inputs, L.Dense(5, name="logits")(x))
+
+
+def _train_on_dataset(callbacks):
+    keras.utils.set_random_seed(5)  # before the dataset: its shuffle seed combines with the global one
+    rng = np.random.default_rng(0)
+    x, y = rng.random((96, 12, 12, 3), dtype=np.float32), rng.integers(0, 5, 96)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(96, seed=4).batch(16)
+    model = _what_people_train()
+    model.compile(optimizer=keras.optimizers.Adam(1e-2, use_ema=True, ema_overwrite_frequency=3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(dataset, epochs=2, verbose=0, callbacks=callbacks)
+    return model, history.history["loss"]
+
+
+def test_models_people_train(tmp_path, monkeypatch):
+    _forced(monkeypatch, 2)
+    path = str(tmp_path / "plan.json")
+    profiled, profiled_loss = _train_on_dataset([ConcurrencyProfiler(trials=1, plan_path=path, verbose=0,
+                                                                     batch_size=16)])
+    plan = plan_lib.read(path)
+    assert [(layer.name, layer.input_shape) for layer in plan.layers] == [
+        ("strided", [16, 12, 12, 3]), ("dilated", [16, 6, 6, 8]), ("per_position", [16, 36, 8]), ("logits", [16, 16])]
+    assert {type(layer) for layer in profiler.eligible_layers(profiled, True)} == {tf_glp.layers.Conv2D,
+                                                                                  tf_glp.layers.Dense}
+    reused, reused_loss = _train_on_dataset([ConcurrencyProfiler(trials=1, plan_path=path, verbose=0, batch_size=16)])
+    assert profiled_loss == reused_loss  # profiling drew nothing from the augmentation's or dropout's generators
+    for a, b in zip(profiled.weights + profiled.optimizer.variables, reused.weights + reused.optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    plain, plain_loss = _train_on_dataset([])
+    np.testing.assert_allclose(profiled_loss, plain_loss, rtol=1e-4)
+    for a, b in zip(profiled.weights, plain.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-3, atol=1e-4)
