@@ -113,3 +113,25 @@ def test_cpu_cap_threads_and_work():
 @pytest.mark.parametrize("cap,expected", [(1, [1]), (2, [1, 2]), (6, [1, 2, 4, 6]), (8, [1, 2, 4, 8])])
 def test_candidates(cap, expected):
     assert model.candidates(cap) == expected
+
+
+def _candidates(*timings):
+    from tf_glp.plan import Candidate  # noqa: PLC0415
+
+    return [Candidate(k, median, spread) for k, (median, spread) in zip([None, 1, 2, 4], timings)]
+
+
+@pytest.mark.parametrize("timings,choice", [
+    # k=2 clearly faster, even against a noisy native kernel: their interquartile ranges do not overlap.
+    (((0.358, 0.184), (0.300, 0.020), (0.185, 0.057)), 2),
+    # The same with k=1 overlapping k=2 (0.222 +- 0.010 vs 0.185 +- 0.029): the simpler k=1.
+    (((0.358, 0.184), (0.222, 0.020), (0.185, 0.057)), 1),
+    # The fastest lane count overlaps native: native.
+    (((0.40, 0.10), (0.45, 0.02), (0.34, 0.04)), None),
+    # A lane count slower than native is never chosen, however wide native's spread.
+    (((0.30, 0.50), (0.31, 0.0), (0.32, 0.0)), None),
+    # One trial (no spread): the fastest.
+    (((0.30, 0.0), (0.29, 0.0), (0.31, 0.0)), 1),
+])
+def test_choice_is_the_simplest_candidate_within_the_spread_of_the_fastest(timings, choice):
+    assert profiler.choose(_candidates(*timings))[0] == choice

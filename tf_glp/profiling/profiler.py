@@ -235,6 +235,12 @@ def _spread(times: list[float]) -> float:
     return quartiles[2] - quartiles[0]
 
 
+def _within_spread(a: plan_lib.Candidate, b: plan_lib.Candidate) -> bool:
+    """Whether the two candidates' interquartile ranges overlap (each taken
+    as its median +- half its spread): the measurements cannot tell them apart."""
+    return abs(a.median_ms - b.median_ms) <= (a.spread_ms + b.spread_ms) / 2
+
+
 def choose(candidates: list[plan_lib.Candidate]) -> tuple[int | None, str]:
     """The simplest candidate within the spread of the fastest, among
     TensorFlow's kernel (candidates[0]) and the lane counts that measured
@@ -243,9 +249,9 @@ def choose(candidates: list[plan_lib.Candidate]) -> tuple[int | None, str]:
     allowed = [native] + [c for c in candidates[1:] if c.median_ms < native.median_ms]
     best = min(allowed, key=lambda c: c.median_ms)
     for candidate in allowed:  # native first, then fewer lanes
-        if candidate.median_ms <= best.median_ms + max(best.spread_ms, candidate.spread_ms):
-            if candidate is best:
-                return candidate.concurrency, f"fastest ({candidate.median_ms:.3f} ms)"
+        if candidate is best:
+            return candidate.concurrency, f"fastest ({candidate.median_ms:.3f} ms)"
+        if _within_spread(candidate, best):
             return candidate.concurrency, (f"within the spread of the fastest ({best.label}, {best.median_ms:.3f} ms), "
                                            f"and simpler")
     return best.concurrency, "fastest"
