@@ -300,3 +300,29 @@ def test_models_people_train(tmp_path, monkeypatch):
     np.testing.assert_allclose(profiled_loss, plain_loss, rtol=1e-4)
     for a, b in zip(profiled.weights, plain.weights):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-3, atol=1e-4)
+
+
+def test_a_model_compiled_with_xla_keeps_its_kernels(tmp_path):
+    # Keras compiles with XLA by default where there is a GPU; tf_glp's ops
+    # have no XLA kernels, so the profiler must leave such a model alone.
+    x, y = _data()
+    model = _sequential()
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=True)
+    callback = ConcurrencyProfiler(trials=1, plan_path=str(tmp_path / "plan.json"), verbose=0)
+    with pytest.warns(UserWarning, match=r"compiled with XLA \(jit_compile=True.*compile with jit_compile=False"):
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[callback])
+    assert callback.plan is None and not os.path.exists(tmp_path / "plan.json")
+    assert all(type(layer).__module__.startswith("keras") for layer in model.layers)
+
+
+def test_layers_with_lanes_tell_keras_they_cannot_run_in_xla():
+    from keras.src.trainers.trainer import model_supports_jit  # what jit_compile="auto" asks  # noqa: PLC0415
+
+    model = _sequential()
+    assert model_supports_jit(tf_glp.layers.convert(model, concurrency=None))
+    assert not model_supports_jit(tf_glp.layers.convert(model, concurrency=2))
+    tf_glp.layers.as_glp_layer(model.get_layer("hidden"), 1)
+    assert not model_supports_jit(model)
+    tf_glp.layers.as_glp_layer(model.get_layer("hidden"), None)
+    assert model_supports_jit(model)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import keras
 import tensorflow as tf
 
@@ -82,6 +84,12 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         return max(1, batch // replicas)
 
     def on_train_begin(self, logs=None):
+        if getattr(self.model, "jit_compile", False):
+            warnings.warn("tf_glp.callbacks.ConcurrencyProfiler: the model is compiled with XLA (jit_compile=True, "
+                          "Keras' default on a machine with a GPU); tf_glp's concurrent ops cannot run inside XLA, so "
+                          "nothing is profiled and every layer keeps XLA's kernels. To let the profiler choose, "
+                          "compile with jit_compile=False.", stacklevel=2)
+            return
         layers = profiler.profilable(profiler.eligible_layers(self.model, self.convert))
         if not layers:
             return

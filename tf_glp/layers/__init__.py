@@ -51,6 +51,7 @@ class Conv2D(keras.layers.Conv2D):
     def __init__(self, *args, concurrency: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.concurrency = _checked(concurrency, "tf_glp.layers.Conv2D")
+        self.supports_jit = self.concurrency is None  # see _NOT_IN_XLA
 
     def _runs_concurrently(self, inputs) -> bool:
         return (
@@ -99,6 +100,7 @@ class Dense(keras.layers.Dense):
     def __init__(self, *args, concurrency: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.concurrency = _checked(concurrency, "tf_glp.layers.Dense")
+        self.supports_jit = self.concurrency is None  # see _NOT_IN_XLA
 
     def _runs_concurrently(self, inputs) -> bool:
         return (
@@ -133,6 +135,10 @@ class Dense(keras.layers.Dense):
 
 
 _DTYPES = ("float32", "float16", "bfloat16")
+
+# _NOT_IN_XLA: tf_glp's concurrent ops have no XLA kernels, so a layer with
+# a lane count says supports_jit = False: Keras' jit_compile="auto" (XLA on
+# a machine with a GPU) then compiles the model without XLA instead of failing.
 
 
 def _concurrent_dtype(inputs, layer) -> bool:
@@ -179,6 +185,7 @@ def as_glp_layer(layer: keras.layers.Layer, concurrency: int | None) -> keras.la
     elif kind not in _PLAIN:
         raise ValueError(f"tf_glp.layers.as_glp_layer: needs a Conv2D or Dense layer, got {kind.__name__}")
     layer.concurrency = _checked(concurrency, f"tf_glp.layers.as_glp_layer (layer {layer.name!r})")
+    layer.supports_jit = layer.concurrency is None  # see _NOT_IN_XLA
     return layer
 
 
