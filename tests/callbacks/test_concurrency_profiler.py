@@ -100,6 +100,7 @@ def test_mismatched_and_broken_plans_are_reprofiled(tmp_path):
     for breakage, message in ((lambda d: d["header"].update(batch_size=64), "batch_size"),
                               (lambda d: d["header"].update(device="NVIDIA H200"), "device"),
                               (lambda d: d["header"].update(tensorflow="2.20.0"), "tensorflow"),
+                              (lambda d: d["header"].pop("min_speedup"), "min_speedup"),  # a plan of an older rule
                               (lambda d: d["layers"][0].update(input_shape=[32, 9, 9, 1]), "input shapes"),
                               (lambda d: d["layers"][1]["config"].update(units=99), "configurations"),
                               (lambda d: d["layers"][0].update(choice="fast"), "not a tf_glp plan"),
