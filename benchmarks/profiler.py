@@ -15,6 +15,10 @@
    (made once before, reused) against the same model in plain Keras,
    interleaved rounds, for the quickstart CNN (batch 64, one device) and a
    784-2048-2048-10 MLP (batch 256, one device).
+3. Alone vs in the step: for the same two models, each profiled layer
+   forced to each lane count the profiler timed, the others native: the
+   speed-up the profiler measured for that layer alone next to the speed-up
+   of the whole training step (the evidence for profiler.MIN_SPEEDUP).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from results_file import append_section
 COST_ROUNDS = 7
 QUICKSTART_EPOCHS = 8  # as examples/quickstart.py trains
 GAIN_ROUNDS = 5
+STEP_ROUNDS = 3
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -178,9 +183,45 @@ def main() -> None:
         gain_rows.append(f"| {name} | {batch} | {choices} | {statistics.median(first['plain']):.2f} | "
                          f"{statistics.median(first['plan']):.2f} | {plain * 1e3:.2f} | {planned * 1e3:.2f} | "
                          f"{planned / plain:.2f} |")
+    # 3. Alone vs in the step: each profiled layer forced to each timed lane
+    # count (the others native): its speed-up measured alone (the plan's
+    # medians) against what the whole step gains (why profiler.MIN_SPEEDUP).
+    from tf_glp.layers import as_glp_layer  # noqa: PLC0415
+    from tf_glp.profiling import profiler as profiler_lib  # noqa: PLC0415
+
+    step_rows = ["| model | layer | k | speed-up alone (profiler) | step, plain (ms) | step, this layer at k (ms) | "
+                 "speed-up of the step |", "|---|---|---|---|---|---|---|"]
+    for name, build, shape, batch in (("CNN", cnn, (8, 8, 1), 64), ("MLP", mlp, (784,), 256)):
+        rng = np.random.default_rng(0)
+        data_x = rng.random((batch * 60, *shape), dtype=np.float32)
+        data_y = rng.integers(0, 10, batch * 60)
+
+        def steady_step(force=None):
+            model = compiled(build, default)
+            if force is not None:
+                as_glp_layer(profiler_lib.eligible_layers(model, True)[force[0]], force[1])
+            timer = Timer()
+            model.fit(data_x, data_y, batch_size=batch, epochs=1, verbose=0, callbacks=[timer])
+            ends = timer.steps[10:]
+            return statistics.median(b - a for a, b in zip(ends, ends[1:]))
+
+        variants = [None] + [(i, c.concurrency) for i, layer in enumerate(plans[name].layers)
+                             for c in layer.candidates if c.concurrency is not None]
+        steps = {variant: [] for variant in variants}
+        for _ in range(STEP_ROUNDS):
+            for variant in variants:
+                steps[variant].append(steady_step(variant))
+        plain = statistics.median(steps[None])
+        for variant in variants[1:]:
+            layer = plans[name].layers[variant[0]]
+            alone = layer.candidate(None).median_ms / layer.candidate(variant[1]).median_ms
+            forced = statistics.median(steps[variant])
+            step_rows.append(f"| {name} | {layer.name} ({'x'.join(map(str, layer.input_shape))}) | {variant[1]} | "
+                             f"{alone:.2f}x | {plain * 1e3:.2f} | {forced * 1e3:.2f} | {plain / forced:.2f}x |")
     print("\n".join(cost_rows))
     print(plan_text)
     print("\n".join(gain_rows))
+    print("\n".join(step_rows))
     for name, plan in plans.items():
         print(f"{name} plan:\n{tf_glp.plan.table(plan)}")
     if args.write_results:
@@ -192,7 +233,10 @@ def main() -> None:
                 "runs from calling fit() to the epoch's end: set-up, tracing, the callback, 24 steps; the whole run "
                 f"is the quickstart's {QUICKSTART_EPOCHS} epochs):", "", *cost_rows, "", "The quickstart's plan:", "", "```", *plan_text.splitlines(), "```",
                 "", "First epoch and steady-state step with the plan (reused) against plain Keras (one device, 100 "
-                "steps):", "", *gain_rows, ""]
+                "steps):", "", *gain_rows, "",
+                f"Alone vs in the step: each profiled layer forced to each lane count the profiler timed (the "
+                f"other layers native), steady step against plain Keras (one device, 60 steps, medians of "
+                f"{STEP_ROUNDS} interleaved rounds):", "", *step_rows, ""]
         append_section("\n".join(text))
 
 

@@ -122,24 +122,24 @@ def _candidates(*timings):
 
 
 @pytest.mark.parametrize("timings,choice", [
-    # k=2 clearly faster (2x, outside native's spread, even though native is noisy).
-    (((0.400, 0.184), (0.300, 0.020), (0.200, 0.040)), 2),
-    # The same with k=1 within k=2's spread: the simpler k=1.
-    (((0.400, 0.184), (0.215, 0.020), (0.200, 0.040)), 1),
-    # Faster but not by MIN_SPEEDUP (1.3x): native.
-    (((0.39, 0.01), (0.30, 0.01), (0.31, 0.01)), None),
-    # 2x faster by the medians but inside native's spread: native.
-    (((0.40, 0.50), (0.20, 0.0), (0.45, 0.0)), None),
-    # One trial (no spread): the fastest, if 1.5x faster.
-    (((0.60, 0.0), (0.39, 0.0), (0.40, 0.0)), 1),
+    # k=2 clearly faster (2.5x, outside native's spread, even though native is noisy).
+    (((0.500, 0.184), (0.300, 0.020), (0.200, 0.040)), 2),
+    # The same with k=1 within k=2's spread: the simpler k=1 (2.3x).
+    (((0.500, 0.184), (0.215, 0.020), (0.200, 0.040)), 1),
+    # Faster but not by MIN_SPEEDUP (1.9x): native.
+    (((0.38, 0.01), (0.20, 0.01), (0.21, 0.01)), None),
+    # 2.5x faster by the medians but inside native's spread: native.
+    (((0.50, 0.70), (0.20, 0.0), (0.45, 0.0)), None),
+    # One trial (no spread): the fastest, if 2x faster.
+    (((0.80, 0.0), (0.39, 0.0), (0.40, 0.0)), 1),
     (((0.30, 0.0), (0.29, 0.0), (0.31, 0.0)), None),
 ])
 def test_choice_needs_a_clear_speedup_and_prefers_fewer_lanes(timings, choice):
-    assert profiler.MIN_SPEEDUP == 1.5
+    assert profiler.MIN_SPEEDUP == 2.0
     choice_made, reason = profiler.choose(_candidates(*timings))
     assert choice_made == choice, reason
 
 
 def test_choice_reasons_name_the_rule():
-    assert "needs 1.5x" in profiler.choose(_candidates((0.39, 0.01), (0.30, 0.01)))[1]
+    assert "needs 2.0x" in profiler.choose(_candidates((0.39, 0.01), (0.30, 0.01)))[1]
     assert profiler.choose(_candidates((0.30, 0.01), (0.35, 0.01)))[1] == "fastest (0.300 ms)"
