@@ -51,7 +51,7 @@ class Conv2D(keras.layers.Conv2D):
     def __init__(self, *args, concurrency: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.concurrency = _checked(concurrency, "tf_glp.layers.Conv2D")
-        self.supports_jit = self.concurrency is None  # see _NOT_IN_XLA
+        self.supports_jit = self.concurrency is None  # Note [Not in XLA]
 
     def _runs_concurrently(self, inputs) -> bool:
         return (
@@ -100,7 +100,7 @@ class Dense(keras.layers.Dense):
     def __init__(self, *args, concurrency: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.concurrency = _checked(concurrency, "tf_glp.layers.Dense")
-        self.supports_jit = self.concurrency is None  # see _NOT_IN_XLA
+        self.supports_jit = self.concurrency is None  # Note [Not in XLA]
 
     def _runs_concurrently(self, inputs) -> bool:
         return (
@@ -136,9 +136,10 @@ class Dense(keras.layers.Dense):
 
 _DTYPES = ("float32", "float16", "bfloat16")
 
-# _NOT_IN_XLA: tf_glp's concurrent ops have no XLA kernels, so a layer with
-# a lane count says supports_jit = False: Keras' jit_compile="auto" (XLA on
-# a machine with a GPU) then compiles the model without XLA instead of failing.
+# Note [Not in XLA]: tf_glp's concurrent ops have no XLA kernels, so a layer
+# with a lane count says supports_jit = False: Keras' jit_compile="auto" (XLA
+# on a machine with a GPU) then compiles the model without XLA instead of
+# failing. (ConcurrencyProfiler leaves a model compiled with XLA alone.)
 
 
 def _concurrent_dtype(inputs, layer) -> bool:
@@ -185,7 +186,7 @@ def as_glp_layer(layer: keras.layers.Layer, concurrency: int | None) -> keras.la
     elif kind not in _PLAIN:
         raise ValueError(f"tf_glp.layers.as_glp_layer: needs a Conv2D or Dense layer, got {kind.__name__}")
     layer.concurrency = _checked(concurrency, f"tf_glp.layers.as_glp_layer (layer {layer.name!r})")
-    layer.supports_jit = layer.concurrency is None  # see _NOT_IN_XLA
+    layer.supports_jit = layer.concurrency is None  # Note [Not in XLA]
     return layer
 
 

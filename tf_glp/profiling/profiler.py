@@ -6,11 +6,9 @@ device: the layer's convolution or matrix product with TensorFlow's own
 kernel and with each candidate lane count k (capped by
 concurrency_model.py), forward and backward, in one function for the whole
 model (see time_layers): WARMUP untimed rounds, then `trials` timed ones.
-A lane count can be chosen only if it measured clearly faster than
-TensorFlow's kernel (MIN_SPEEDUP, and outside its spread); among those and
-the native kernel the choice is the fastest median, except that the
-simpler candidate (native, then fewer lanes) wins whenever it is within
-the measured spread of the fastest.
+TensorFlow's kernel stays unless a lane count measured clearly faster
+(MIN_SPEEDUP times, and outside its spread); then the choice is the fewest
+lanes within the measured spread of the fastest lane count (choose()).
 
 Profiling reads only the layers' shapes and configuration: weights,
 optimizer state, random generators and step counters are untouched (the
