@@ -9,7 +9,9 @@ trainable weights, optimizer variables, evaluate() and predict() results.
 --kill-at makes worker 1 SIGKILL itself after that global step;
 --backup adds keras.callbacks.BackupAndRestore(DIR, save_freq=3);
 --worker1-width / --worker1-batch start a bad job (worker 1 differs);
---stock runs TensorFlow's MultiWorkerMirroredStrategy (one CPU per worker).
+--stock runs TensorFlow's MultiWorkerMirroredStrategy (one CPU per worker);
+--profile adds tf_glp's ConcurrencyProfiler (plan OUT_DIR/plan{task}.json)
+whose choice is forced to differ between workers (chief 1 lane, worker 1 two).
 """
 
 import argparse
@@ -31,6 +33,7 @@ parser.add_argument("--width", type=int, default=16)
 parser.add_argument("--stock", action="store_true", help="tf.distribute.MultiWorkerMirroredStrategy instead")
 parser.add_argument("--worker1-width", type=int, default=None, help="another model on worker 1 (a bad job)")
 parser.add_argument("--worker1-batch", type=int, default=None, help="another batch size on worker 1 (a bad job)")
+parser.add_argument("--profile", action="store_true", help="with ConcurrencyProfiler, workers measuring otherwise")
 args = parser.parse_args()
 
 if args.stock:
@@ -74,6 +77,14 @@ if args.backup:
     callbacks.append(keras.callbacks.BackupAndRestore(args.backup, save_freq=3))
 if args.kill_at:
     callbacks.append(KillAt())
+if args.profile:
+    from tf_glp.callbacks import ConcurrencyProfiler
+    from tf_glp.profiling import profiler as profiler_lib
+
+    profiler_lib.choose = lambda candidates: (1 if task == 0 else 2, f"forced for worker {task}")
+    # A path of its own per worker: none reads the chief's plan (the test
+    # wants each to profile), and only the chief's file may appear.
+    callbacks.append(ConcurrencyProfiler(trials=1, plan_path=os.path.join(args.out, f"plan{task}.json"), verbose=0))
 data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
 model.fit(data, epochs=2, verbose=2, callbacks=callbacks)
 evaluation = model.evaluate(data, verbose=0, return_dict=True)
@@ -86,9 +97,13 @@ np.savez(os.path.join(args.out, f"w{task}.npz"),
          steps=model.optimizer.iterations.numpy(),
          evaluation=np.array([evaluation["loss"], evaluation["accuracy"]]),
          predictions=predictions,
+         concurrency=np.array([getattr(layer, "concurrency", 0) or 0 for layer in model.layers
+                               if hasattr(layer, "kernel")]),
          reloaded=reloaded,
          **{f"trainable{i}": v.numpy() for i, v in enumerate(model.trainable_weights)},
          # Batch statistics are per replica (as under MirroredStrategy): these are the first replica's.
          **{f"statistics{i}": v.numpy() for i, v in enumerate(model.non_trainable_weights)},
          **{f"optimizer{i}": v.numpy() for i, v in enumerate(model.optimizer.variables)})
+if args.profile:
+    print("plan reasons", task, [layer.reason for layer in callbacks[-1].plan.layers], flush=True)
 print("done", type(strategy).__name__, type(model.trainable_weights[0].value).__name__, evaluation, flush=True)

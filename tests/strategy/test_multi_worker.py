@@ -98,6 +98,19 @@ def test_workers_hold_bitwise_identical_variables(two_workers):
     np.testing.assert_array_equal(chief["predictions"], other["predictions"])
 
 
+def test_workers_run_the_chiefs_concurrency_plan(tmp_path):
+    # Each worker profiles for itself (here forced to choose differently);
+    # all run the chief's choices, and only the chief writes the plan.
+    status, output = _launch(tmp_path, "--profile")
+    assert status == 0, output
+    chief, other = (_load(tmp_path / f"w{i}.npz") for i in (0, 1))
+    assert chief["concurrency"].tolist() == other["concurrency"].tolist() == [1, 1]
+    np.testing.assert_array_equal(chief["predictions"], other["predictions"])
+    assert [layer["choice"] for layer in json.load(open(tmp_path / "plan0.json"))["layers"]] == [1, 1]
+    assert not os.path.exists(tmp_path / "plan1.json")  # worker 1 wrote nothing
+    assert "the chief's choice (this worker measured k=2: forced for worker 1)" in output
+
+
 def test_the_saved_model_predicts_what_the_trained_one_predicts(two_workers):
     # Saved with the first replica's batch statistics and loaded without a
     # strategy: it predicts what the first replica predicted (its share of

@@ -74,6 +74,7 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         self.strip_path = strip_path
         self.plan: plan_lib.Plan | None = None
         self.reused = False
+        self._writes = True
 
     def _replica_batch(self) -> int:
         batch = self.batch_size
@@ -93,9 +94,16 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         layers = profiler.profilable(profiler.eligible_layers(self.model, self.convert))
         if not layers:
             return
-        # Profile outside any replica context, on the first device.
+        # Profile outside any replica context, on the first device. Across
+        # workers only the chief writes the plan, and every worker runs the
+        # chief's choices (agree_with_the_chief).
+        extended = self.model.distribute_strategy.extended
+        self._writes = getattr(extended, "should_checkpoint", True)
         self.plan, self.reused = profiler.load_or_profile(
-            layers, self._replica_batch(), self.plan_path, self.candidates, self.trials, self.verbose)
+            layers, self._replica_batch(), self.plan_path, self.candidates, self.trials, self.verbose,
+            write=self._writes)
+        if hasattr(extended, "agree_with_the_chief"):
+            self._take_the_chiefs_choices(extended.agree_with_the_chief)
         self._record_strategy()
         if profiler.apply_plan(layers, self.plan):
             # fit() made its step functions before this hook but has not
@@ -109,6 +117,16 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         if self.log_dir:
             write_summaries(self.plan, self.log_dir)
 
+    def _take_the_chiefs_choices(self, agree) -> None:
+        """Every worker runs the chief's plan: the same kernels, so the
+        same forward pass on every worker (each may have measured otherwise)."""
+        mine = [0 if layer.choice is None else layer.choice for layer in self.plan.layers]
+        for layer, chief in zip(self.plan.layers, agree(mine)):
+            choice = chief or None
+            if choice != layer.choice:
+                label = "native" if layer.choice is None else f"k={layer.choice}"
+                layer.choice, layer.reason = choice, f"the chief's choice (this worker measured {label}: {layer.reason})"
+
     def _record_strategy(self) -> bool:
         """Puts tf_glp.Strategy's chunking decision (explain()) in the plan's
         notes, and in the plan file when it changed; True if it changed."""
@@ -116,7 +134,7 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         if explain is None or self.plan.notes == [explain()]:
             return False
         self.plan.notes = [explain()]
-        if self.plan_path:
+        if self.plan_path and self._writes:
             plan_lib.write(self.plan, self.plan_path)
         return True
 

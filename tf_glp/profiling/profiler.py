@@ -332,10 +332,10 @@ def profilable(layers) -> list:
 
 
 def load_or_profile(layers, batch: int, plan_path: str | None, candidates="auto", trials: int = 5,
-                    verbose: int = 1) -> tuple[plan_lib.Plan, bool]:
+                    verbose: int = 1, write: bool = True) -> tuple[plan_lib.Plan, bool]:
     """The plan for `layers` at `batch`: the file's if it matches this run
-    (same header and layers), else a new profile, written atomically.
-    Returns (plan, reused)."""
+    (same header and layers), else a new profile, written atomically (if
+    `write`). Returns (plan, reused)."""
     header = plan_header(batch, candidates)
     described = [(type(layer).__name__, *layer_input(layer, batch), layer_config(layer)) for layer in layers]
     if plan_path and os.path.exists(plan_path):
@@ -350,7 +350,7 @@ def load_or_profile(layers, batch: int, plan_path: str | None, candidates="auto"
             warnings.warn(f"tf_glp: the plan {plan_path} is for another run ({why}); profiling again", stacklevel=3)
     bar = keras.utils.Progbar(WARMUP + trials, unit_name="round") if verbose else None
     plan = profile_layers(layers, batch, header, candidates, trials, progress=bar.add if bar else None)
-    if plan_path:
+    if plan_path and write:
         plan_lib.write(plan, plan_path)
     return plan, False
 

@@ -292,6 +292,18 @@ class CollectiveHostExtended(collective_lib.CollectiveAllReduceExtended):
             raise ValueError(f"tf_glp.Strategy (worker {self._id_in_cluster}): "
                              + message.format(low=low, high=high))
 
+    def agree_with_the_chief(self, values: list[int]) -> list[int]:
+        """The chief's integers, on every worker (one collective sum to which
+        the other workers give zeros; eager only). No timeout: a worker may
+        still be profiling while the chief reused a plan."""
+        device = self._cross_device_ops.host_device
+        group_key = self._collective_keys.get_group_key([device])
+        instance_key = self._collective_keys.get_instance_key(group_key, device)
+        with tf.device(device):
+            mine = tf.constant(list(values) if self._is_chief else [0] * len(values), tf.int64)
+            return collective_ops.all_reduce_v2(mine, self._num_workers, group_key, instance_key,
+                                                merge_op="Add", final_op="Id").numpy().tolist()
+
     def _gather_to_implementation(self, value, destinations, axis, options):
         ops = self._collective_ops if self._get_cross_device_ops(value) is self._cross_device_ops \
             else self._host_cross_device_ops
