@@ -86,8 +86,13 @@ def main() -> None:
 
         def __init__(self):
             super().__init__()
-            self.first_epoch_end = self.last_epoch_end = 0.0
+            self.first_epoch_end = self.last_epoch_end = self.whole = 0.0
             self.steps = []
+
+        def steady_step(self) -> float:
+            """Median seconds between steps after the first 10."""
+            ends = self.steps[10:]
+            return statistics.median(b - a for a, b in zip(ends, ends[1:]))
 
         def on_epoch_end(self, epoch, logs=None):
             self.last_epoch_end = time.perf_counter()
@@ -103,13 +108,16 @@ def main() -> None:
             super().on_train_begin(logs)
             self.seconds = time.perf_counter() - start
 
-    def first_epoch(build, data_x, data_y, batch, scope=None, profiler=None, epochs=1):
+    def first_epoch(build, data_x, data_y, batch, scope=None, profiler=None, epochs=1, prepare=None):
         """Seconds from calling fit() to the end of the first epoch (what the
         user waits for: fit's set-up, tracing, the profiler if any, the
         steps), and the Timer, whose `whole` is the seconds to the last
         epoch's end (not to fit's return: with NumPy input on logical CPU
-        devices, TensorFlow's input iterator teardown stalls 0-5 s at random)."""
+        devices, TensorFlow's input iterator teardown stalls 0-5 s at random).
+        `prepare(model)` runs before fit."""
         model = compiled(build, scope)
+        if prepare:
+            prepare(model)
         timer = Timer()
         start = time.perf_counter()
         model.fit(data_x, data_y, batch_size=batch, epochs=epochs, verbose=0,
@@ -174,9 +182,8 @@ def main() -> None:
                 profiler = ConcurrencyProfiler(plan_path=path, verbose=0, batch_size=batch) if variant == "plan" else None
                 seconds, timer = first_epoch(build, data_x, data_y, batch, scope=default, profiler=profiler)
                 assert profiler is None or profiler.reused
-                ends = timer.steps[10:]
                 first[variant].append(seconds)
-                steady[variant].append(statistics.median(b - a for a, b in zip(ends, ends[1:])))
+                steady[variant].append(timer.steady_step())
         plain, planned = statistics.median(steady["plain"]), statistics.median(steady["plan"])
         choices = ", ".join(f"{layer.name}: {'native' if layer.choice is None else f'k={layer.choice}'}"
                             for layer in plans[name].layers)
@@ -196,28 +203,24 @@ def main() -> None:
         data_x = rng.random((batch * 60, *shape), dtype=np.float32)
         data_y = rng.integers(0, 10, batch * 60)
 
-        def steady_step(force=None):
-            model = compiled(build, default)
-            if force is not None:
-                as_glp_layer(profiler_lib.eligible_layers(model, True)[force[0]], force[1])
-            timer = Timer()
-            model.fit(data_x, data_y, batch_size=batch, epochs=1, verbose=0, callbacks=[timer])
-            ends = timer.steps[10:]
-            return statistics.median(b - a for a, b in zip(ends, ends[1:]))
+        def forcing(index, lanes):
+            return lambda model: as_glp_layer(profiler_lib.eligible_layers(model, True)[index], lanes)
 
-        variants = [None] + [(i, c.concurrency) for i, layer in enumerate(plans[name].layers)
-                             for c in layer.candidates if c.concurrency is not None]
-        steps = {variant: [] for variant in variants}
+        forced = [None] + [(i, c.concurrency) for i, layer in enumerate(plans[name].layers)
+                           for c in layer.candidates if c.concurrency is not None]
+        steps = {force: [] for force in forced}
         for _ in range(STEP_ROUNDS):
-            for variant in variants:
-                steps[variant].append(steady_step(variant))
+            for force in forced:
+                _, timer = first_epoch(build, data_x, data_y, batch, scope=default,
+                                       prepare=forcing(*force) if force else None)
+                steps[force].append(timer.steady_step())
         plain = statistics.median(steps[None])
-        for variant in variants[1:]:
-            layer = plans[name].layers[variant[0]]
-            alone = layer.candidate(None).median_ms / layer.candidate(variant[1]).median_ms
-            forced = statistics.median(steps[variant])
-            step_rows.append(f"| {name} | {layer.name} ({'x'.join(map(str, layer.input_shape))}) | {variant[1]} | "
-                             f"{alone:.2f}x | {plain * 1e3:.2f} | {forced * 1e3:.2f} | {plain / forced:.2f}x |")
+        for index, lanes in forced[1:]:
+            layer = plans[name].layers[index]
+            alone = layer.candidate(None).median_ms / layer.candidate(lanes).median_ms
+            step = statistics.median(steps[(index, lanes)])
+            step_rows.append(f"| {name} | {layer.name} ({'x'.join(map(str, layer.input_shape))}) | {lanes} | "
+                             f"{alone:.2f}x | {plain * 1e3:.2f} | {step * 1e3:.2f} | {plain / step:.2f}x |")
     print("\n".join(cost_rows))
     print(plan_text)
     print("\n".join(gain_rows))
