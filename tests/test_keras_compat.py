@@ -39,19 +39,48 @@ def test_optimizer_internals_on_real_optimizers():
         assert _keras_compat.variable_index(adam, variable) == index
         first, second = _keras_compat.adam_slots(adam, index)
         assert first.shape == second.shape == variable.shape
-        assert _keras_compat.accumulator(adam, variable).shape == variable.shape
-    assert [a.shape for a in _keras_compat.ema_averages(adam)] == [v.shape for v in variables]
     assert _keras_compat.built_variables(adam) == variables
     assert _keras_compat.uses_weight_decay(adam, variables[0])
     adam.exclude_from_weight_decay(var_names=["w"])
     assert not _keras_compat.uses_weight_decay(adam, variables[0])
-    assert int(_keras_compat.step_counter(adam).numpy()) == 0
-    clipped = _keras_compat.clip_gradients(keras.optimizers.SGD(clipvalue=0.5), [tf.constant([2.0, -2.0])])
-    np.testing.assert_array_equal(clipped[0].numpy(), [0.5, -0.5])
     variable = keras.Variable(np.full(2, 4.0, np.float32))
     sgd = _built(keras.optimizers.SGD(0.1, weight_decay=0.5), [variable])
     _keras_compat.apply_weight_decay_to_copy(sgd, [variable])
     np.testing.assert_allclose(variable.numpy(), 4.0 - 4.0 * 0.5 * 0.1)
+
+
+def test_optimizer_variables_are_told_apart_by_the_name_scope():
+    """update="host" puts exactly the variables a Keras optimizer creates on
+    the host (host_copies.py): this watches every tf.Variable created while
+    a model, an optimizer (with EMA, accumulation, loss scaling) and a
+    metric are built."""
+    seen = []
+
+    def creator(next_creator, **kwargs):
+        seen.append((kwargs.get("name"), _keras_compat.creating_optimizer_variable()))
+        return next_creator(**kwargs)
+
+    with tf.variable_creator_scope(creator):
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.BatchNormalization()])
+        optimizer = keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.Nadam(use_ema=True, gradient_accumulation_steps=2))
+        optimizer.build(model.trainable_variables)
+        keras.metrics.Mean()
+    model_names = {v.name for v in model.variables}
+    assert seen and {name for name, _ in seen} >= model_names | {"iteration", "step_counter"}
+    for name, from_optimizer in seen:
+        assert from_optimizer == (name not in model_names | {"total", "count"}), name
+
+
+def test_a_keras_variable_can_point_at_another_tf_variable():
+    variable = keras.Variable(np.ones(2, np.float32))
+    inner = _keras_compat.keras_variable_value(variable)
+    other = tf.Variable(np.zeros(2, np.float32))
+    _keras_compat.set_keras_variable_value(variable, other)
+    variable.assign([3.0, 4.0])
+    np.testing.assert_array_equal(other.numpy(), [3.0, 4.0])
+    np.testing.assert_array_equal(inner.numpy(), [1.0, 1.0])
+    assert _keras_compat.keras_variable_value(other) is other  # a tf.Variable as it is
 
 
 def test_dataset_batch_size():

@@ -8,11 +8,10 @@ instance-level ones (an optimizer's slot lists) built from real Keras
 objects; `require_internals()`, called when the first tf_glp.Strategy is
 created, raises instead of letting tf_glp run half-patched.
 
-Not here: host_extended.py and multi_worker.py subclass TensorFlow's private
-strategy extended classes (ParameterServerStrategyExtended, MirroredExtended,
-CollectiveAllReduceExtended); the methods they override or borrow are listed
-in INTERNALS too, and tests/strategy/test_real_models.py and
-tests/strategy/test_multi_worker.py check their behaviour.
+Not here: host_copies.py and multi_worker.py subclass TensorFlow's private
+strategy extended classes (MirroredExtended, CollectiveAllReduceExtended);
+the methods they override or borrow are listed in INTERNALS too, and
+tests/strategy/ checks their behaviour.
 """
 
 from __future__ import annotations
@@ -23,71 +22,62 @@ WRITTEN_FOR = {"keras": "3.15", "tensorflow": "2.21"}
 
 # (module, class, attribute): what tf_glp uses it for.
 INTERNALS = {
+    ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "apply"):
+        "patched: the optimizer step taken out of the replicas' step (hooks.py, Strategy._apply_once)",
+    ("tensorflow._api.v2.__internal__.distribute", "interim", "maybe_merge_call"):
+        "patched: Keras' optimizer helpers called directly in tf_glp's cross-replica step (hooks.py)",
+    ("keras.src.optimizers.loss_scale_optimizer", "LossScaleOptimizer", "_tf_apply"):
+        "patched: the loss-scaled step taken out of the replicas' step (hooks.py)",
+    ("keras.src.optimizers.loss_scale_optimizer", "LossScaleOptimizer", "_common_apply"):
+        "the loss-scaled step in cross-replica context (apply_loss_scaled)",
     ("keras.src.backend.tensorflow.optimizer", "TFOptimizer", "_backend_update_step"):
         "patched: the fused host update (hooks.py)",
     ("keras.src.backend.tensorflow.optimizer", "TFOptimizer", "_apply_weight_decay"):
         "patched: skipped when the fused update applies weight decay",
-    ("keras.src.backend.tensorflow.optimizer", "TFOptimizer", "_backend_apply_gradients"):
-        "patched: gradient accumulation and EMA overwrites (apply_gradients.py)",
+    ("keras.src.backend.tensorflow.optimizer", "TFOptimizer", "_var_key"):
+        "a host copy finds its slots through its container (host_copies.py)",
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "_apply_weight_decay"):
-        "weight decay on one copy of the variables (apply_gradients.py)",
-    ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "_clip_gradients"): "clipping accumulated gradients",
+        "weight decay on the host copy of a sparse-gradient variable (strategy.py)",
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "_get_variable_index"): "a variable's slot index",
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "_use_weight_decay"): "which variables decay",
-    ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "_update_model_variables_moving_average"):
-        "the EMA update after an accumulated step",
-    ("keras.src.optimizers.loss_scale_optimizer", "LossScaleOptimizer", "_tf_apply"):
-        "patched: loss scaling inside the host update (loss_scaling.py)",
     ("keras.src.trainers.trainer", "Trainer", "compile"): "patched: jit_compile checks",
     ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "fit"):
         "patched: batch-size check and the chunking decision",
     ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "make_train_function"):
         "one confirming retrace (chunking_decision.py)",
-    ("tensorflow.python.distribute.parameter_server_strategy", "ParameterServerStrategyExtended",
-     "_create_variable"): "host variables (host_extended.py)",
     ("tensorflow.python.distribute.mirrored_strategy", "MirroredExtended", "_create_variable"):
-        "replicated variables (host_extended.py)",
+        "overridden: optimizer variables on the host (host_copies.py)",
     ("tensorflow.python.distribute.mirrored_strategy", "MirroredExtended", "_update"):
-        "per-copy updates (host_extended.py)",
-    ("tensorflow.python.distribute.mirrored_strategy", "MirroredExtended", "_get_variable_creator_initial_value"):
-        "initial values of replica copies (host_extended.py)",
-    ("tensorflow.python.distribute.distribute_lib", "UpdateContext", "__enter__"):
-        "writes to one copy of a replicated slot (apply_gradients.py)",
-    ("tensorflow.python.distribute.parameter_server_strategy", "ParameterServerStrategyExtended", "_update"):
-        "overridden: host or per-copy updates (host_extended.py)",
-    ("tensorflow.python.distribute.parameter_server_strategy", "ParameterServerStrategyExtended", "_reduce_to"):
-        "overridden (host_extended.py)",
-    ("tensorflow.python.distribute.parameter_server_strategy", "ParameterServerStrategyExtended",
-     "_validate_colocate_with_variable"): "overridden (host_extended.py)",
-    ("tensorflow.python.distribute.parameter_server_strategy", "ParameterServerStrategyExtended", "read_var"):
-        "overridden (host_extended.py)",
-    ("tensorflow.python.distribute.parameter_server_strategy", "ParameterServerStrategyExtended",
-     "value_container"): "overridden (host_extended.py)",
+        "overridden: updates of trainable variables on their host copies (host_copies.py)",
+    ("tensorflow.python.distribute.mirrored_strategy", "MirroredExtended", "_validate_colocate_with_variable"):
+        "overridden: slots colocated with a host copy (host_copies.py)",
+    ("tensorflow.python.distribute.mirrored_strategy", "MirroredExtended", "read_var"):
+        "overridden: reads of host variables (host_copies.py)",
+    ("tensorflow.python.distribute.mirrored_strategy", "MirroredExtended", "_local_results"):
+        "the results of a host update (host_copies.py)",
     ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
      "_initialize_local_devices"): "overridden: tf_glp's replicas on each worker (multi_worker.py)",
     ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
      "_get_variable_creator_initial_value"): "overridden: initial values checked, then the chief's (multi_worker.py)",
     ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
      "_gather_to_implementation"): "overridden: gathers stay TensorFlow's (multi_worker.py)",
-    ("tensorflow.python.distribute.mirrored_strategy", "MirroredExtended", "_broadcast_to"):
-        "overridden: host variables as destinations (multi_worker.py)",
-    ("tensorflow.python.distribute.parameter_server_strategy", "ParameterServerStrategyExtended",
-     "_create_var_creator"): "borrowed: host variables across workers (multi_worker.py)",
-    ("tensorflow.python.distribute.parameter_server_strategy", "ParameterServerStrategyExtended",
-     "_select_single_value"): "borrowed: host updates across workers (multi_worker.py)",
+    ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
+     "_in_multi_worker_mode"): "whether a strategy spans workers (in_multi_worker_mode)",
+    ("tensorflow.python.distribute.cross_device_ops", "CrossDeviceOps", "_gather"):
+        "gathers across workers stay TensorFlow's (gather)",
     ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "_maybe_symbolic_build"):
         "its multi-worker bug is worked around in MultiWorker*Strategy.reduce (strategy.py)",
     ("keras.src.callbacks.backup_and_restore", "BackupAndRestore", "_should_save_on_batch"):
         "subclassed: tf_glp.callbacks.BackupAndRestore",
-    ("tensorflow.python.distribute.ps_values", "AggregatingVariable", "get"):
-        "a host variable's one copy (apply_gradients.py)",
 }
 
 # Instance attributes, checked on real objects by tests/test_keras_compat.py:
-# an optimizer's slot lists (adam_slots, accumulator, ema_averages,
-# built_variables, step_counter) and a built Conv2D / Dense layer's `_kernel`
-# and `_build_shapes_dict`, which tf_glp.layers shares between a layer and
-# its twin (convert, strip).
+# an optimizer's slot lists (adam_slots, built_variables), the Keras
+# name-scope stack (creating_optimizer_variable), a Keras variable's
+# tf.Variable (keras_variable_value), a model's `_initial_epoch` and a
+# callback's `_last_batch_seen` (tf_glp.callbacks.BackupAndRestore), and a
+# built Conv2D / Dense layer's `_kernel` and `_build_shapes_dict`, which
+# tf_glp.layers shares between a layer and its twin (convert, strip).
 
 
 def missing_internals() -> list[str]:
@@ -136,14 +126,8 @@ def adam_slots(optimizer, index: int):
     return optimizer._momentums[index], optimizer._velocities[index]  # noqa: SLF001
 
 
-def accumulator(optimizer, variable):
-    """The gradient accumulator of `variable` (gradient_accumulation_steps)."""
-    return optimizer._accumulated_gradients[variable_index(optimizer, variable)]  # noqa: SLF001
 
 
-def step_counter(optimizer):
-    """The optimizer's own step count (not divided by accumulation steps)."""
-    return optimizer._iterations  # noqa: SLF001
 
 
 def built_variables(optimizer) -> list:
@@ -151,17 +135,10 @@ def built_variables(optimizer) -> list:
     return optimizer._trainable_variables  # noqa: SLF001
 
 
-def ema_averages(optimizer) -> list:
-    return optimizer._model_variables_moving_average  # noqa: SLF001
 
 
-def clip_gradients(optimizer, grads):
-    return optimizer._clip_gradients(grads)  # noqa: SLF001
 
 
-def apply_weight_decay(optimizer, variables) -> None:
-    """Keras' TensorFlow weight decay (a merge in replica context)."""
-    optimizer._apply_weight_decay(variables)  # noqa: SLF001
 
 
 def apply_weight_decay_to_copy(optimizer, variables) -> None:
@@ -169,21 +146,69 @@ def apply_weight_decay_to_copy(optimizer, variables) -> None:
     keras_class("keras.src.optimizers.base_optimizer", "BaseOptimizer")._apply_weight_decay(optimizer, variables)  # noqa: SLF001
 
 
-def update_step(optimizer, grads, variables) -> None:
-    """Keras' update of `variables` (a merge in replica context)."""
-    optimizer._backend_update_step(grads, variables, optimizer.learning_rate)  # noqa: SLF001
 
 
-def update_ema(optimizer) -> None:
-    optimizer._update_model_variables_moving_average(built_variables(optimizer))  # noqa: SLF001
 
 
-def update_context(replica_or_device):
-    """TensorFlow's UpdateContext: writes to replicated variables inside go
-    to the copy of this replica (an int) or device (a string)."""
-    from tensorflow.python.distribute import distribute_lib  # noqa: PLC0415
 
-    return distribute_lib.UpdateContext(replica_or_device)
+
+def creating_optimizer_variable() -> bool:
+    """Whether a variable created now is a Keras optimizer's: created inside
+    `backend.name_scope(optimizer.name, caller=optimizer)` (iterations,
+    learning rate, slots, EMA averages, accumulators, loss-scale state) or
+    by a method of an optimizer (Nadam's and Adafactor's `build` create
+    some variables outside any name scope when Keras' trainer builds the
+    optimizer directly)."""
+    import sys  # noqa: PLC0415
+
+    from keras.src.backend.common import global_state  # noqa: PLC0415
+    from keras.src.optimizers.base_optimizer import BaseOptimizer  # noqa: PLC0415
+
+    stack = global_state.get_global_attribute("name_scope_stack") or []
+    if any(isinstance(getattr(entry, "caller", None), BaseOptimizer) for entry in stack):
+        return True
+    frame = sys._getframe(1)  # noqa: SLF001
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), BaseOptimizer):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def keras_variable_value(variable):
+    """The tf.Variable inside a Keras variable (a tf.Variable as it is)."""
+    return getattr(variable, "_value", variable)
+
+
+def set_keras_variable_value(variable, value) -> None:
+    """Points a Keras variable at another tf.Variable (update="host" points
+    the optimizer's variables at their host copies during its step)."""
+    variable._value = value  # noqa: SLF001
+
+
+def apply_loss_scaled(loss_scale_optimizer, grads, variables) -> None:
+    """LossScaleOptimizer's step from cross-replica context: its
+    backend-neutral apply (finite check, inner step or skip, scale update)."""
+    loss_scale_optimizer._common_apply(grads, trainable_variables=variables)  # noqa: SLF001
+
+
+def in_multi_worker_mode(strategy) -> bool:
+    return strategy.extended._in_multi_worker_mode()  # noqa: SLF001
+
+
+def gather(cross_device_ops, value, destinations, axis, options):
+    """TensorFlow's gather through a CrossDeviceOps (no public entry)."""
+    return cross_device_ops._gather(value, destinations=destinations, axis=axis, options=options)  # noqa: SLF001
+
+
+def set_initial_epoch(model, epoch: int) -> None:
+    """Where fit starts (what Keras' own BackupAndRestore sets)."""
+    model._initial_epoch = epoch  # noqa: SLF001
+
+
+def last_batch_seen(callback) -> int:
+    """The last batch a Keras BackupAndRestore saw in this epoch."""
+    return callback._last_batch_seen  # noqa: SLF001
 
 
 # -- data and strategies --------------------------------------------------------
@@ -205,9 +230,6 @@ def dataset_batch_size(dataset) -> int | None:
         return None
 
 
-def set_cross_device_ops(extended, cross_device_ops) -> None:
-    """CentralStorageStrategy has no public way to set its cross-device ops."""
-    extended._cross_device_ops = cross_device_ops  # noqa: SLF001
 
 
 def in_xla_context() -> bool:

@@ -61,7 +61,7 @@ def two_workers(tmp_path_factory, update):
     out = tmp_path_factory.mktemp(f"two_workers_{update}")
     status, output = _launch(out, "--update", update)
     assert status == 0, output
-    expected = {"host": "MultiWorkerHostStrategy AggregatingVariable",
+    expected = {"host": "MultiWorkerHostStrategy MirroredVariable",
                 "replicas": "MultiWorkerReplicaStrategy MirroredVariable"}[update]
     assert output.count(f"done {expected}") == 2, output
     return [_load(out / f"w{i}.npz") for i in (0, 1)]

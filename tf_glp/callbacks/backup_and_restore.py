@@ -37,6 +37,8 @@ import tempfile
 import keras
 import numpy as np
 
+from tf_glp import _keras_compat
+
 _METADATA = "training_metadata.json"
 
 
@@ -69,8 +71,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     # -- who writes ----------------------------------------------------------
     def _writes_backup_dir(self) -> bool:
-        extended = self.model.distribute_strategy.extended
-        return not extended._in_multi_worker_mode() or extended.should_checkpoint  # noqa: SLF001
+        strategy = self.model.distribute_strategy
+        return not _keras_compat.in_multi_worker_mode(strategy) or strategy.extended.should_checkpoint
 
     # -- restore -------------------------------------------------------------
     def on_train_begin(self, logs=None):
@@ -93,7 +95,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         for variable in _state_not_in_weights(self.model):
             if variable.path in state:
                 variable.assign(np.asarray(state[variable.path], dtype=variable.dtype))
-        self.model._initial_epoch = metadata["epoch"]  # noqa: SLF001 (what Keras' callback sets)
+        _keras_compat.set_initial_epoch(self.model, metadata["epoch"])
         self._batches_to_skip = int(metadata.get("batches_done", 0))
         return None
 
@@ -143,7 +145,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             self.model.save_weights(partial, overwrite=True)
             os.replace(partial, os.path.join(folder, name))
             _write_atomically(os.path.join(folder, _METADATA),
-                              {"epoch": self._epoch, "batch": self._last_batch_seen,
+                              {"epoch": self._epoch, "batch": _keras_compat.last_batch_seen(self),
                                "batches_done": self._batches_done, "weights": name,
                                "state_not_in_weights": {v.path: np.asarray(v.numpy()).tolist()
                                                         for v in _state_not_in_weights(self.model)}})

@@ -76,6 +76,7 @@ class FusedKerasUpdate:
         if not ok:
             raise ValueError(f"FusedKerasUpdate: {reason}")
         self.optimizer = optimizer
+        self.update_step_only = update_step_only
 
     @tf.autograph.experimental.do_not_convert  # Note [No AutoGraph in tf_glp]
     def apply(self, grads_per_variable: Sequence[Sequence[tf.Tensor]], variables: Sequence,
@@ -104,7 +105,8 @@ class FusedKerasUpdate:
             grads = [g for g in grads if g is not None]
             if not grads:
                 continue  # Keras skips variables without gradients too.
-            if variable.constraint is not None:
+            if not self.update_step_only and getattr(variable, "constraint", None) is not None:
+                # (With update_step_only, Keras' own apply constrains afterwards.)
                 raise ValueError(f"FusedKerasUpdate: variable {variable.path} has a constraint; use the optimizer's own update")
             index = _keras_compat.variable_index(opt, variable)
             decay = opt.weight_decay if _keras_compat.uses_weight_decay(opt, variable) else None

@@ -172,40 +172,57 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
         finally:
             with self._lock:
                 self._gradient_scopes -= 1
+    def in_chunks(self, parts: Sequence[Sequence[tf.Tensor]], sizes: Sequence[int] | None = None):
+        """Yields the chunks of these values' indices (see chunking.py), each
+        with its barrier in place while the caller's loop body runs: the
+        chunk's host work starts once all its inputs exist and depends on
+        nothing else (one value: no barrier). `sizes` (bytes) defaults to
+        the parts' own."""
+        sizes = byte_sizes(parts) if sizes is None else sizes
+        chunks = self.chunk_plan(sizes) if self.chunk_plan else [[i] for i in range(len(parts))]
+        for chunk in chunks:
+            barrier = [t for i in chunk for t in parts[i]] if len(chunk) > 1 else []
+            with tf.control_dependencies(barrier):
+                yield chunk
+
+    def reduce_to_host(self, values: Sequence, reduce_op=tf.distribute.ReduceOp.SUM, *, gradients: bool = False,
+                       overflow: str = "raise") -> list:
+        """Each value's replicas reduced on the host (across workers too), as
+        host tensors; sparse values stay IndexedSlices (concat_on_host) and
+        None stays None. `gradients=True` applies `compression`."""
+        present = [i for i, value in enumerate(values) if value is not None]
+        parts = [local_components(values[i]) for i in present]
+        sparse = {k for k, i in enumerate(present) if is_sparse(values[i])}
+        compression = self.compression if gradients or self._gradient_scopes else None
+        # Across workers, each worker sums its own replicas and the workers'
+        # sums are added: a mean divides once, by every replica of the cluster.
+        local_op = tf.distribute.ReduceOp.SUM if self.across_workers else reduce_op
+        results: list = [None] * len(values)
+        for chunk in self.in_chunks(parts):
+            reduced = {}
+            for k in chunk:
+                value = values[present[k]]
+                if k in sparse:
+                    replicas = value.values if isinstance(value, tf.distribute.DistributedValues) else [value]
+                    reduced[k] = concat_on_host(replicas, local_op, self.host_device)
+                else:
+                    reduced[k] = reduce_on_host(compress(parts[k], compression, overflow=overflow), local_op,
+                                                parts[k][0].dtype, self.host_device)
+            if self.across_workers:
+                reduced = dict(zip(chunk, self.across_workers([reduced[k] for k in chunk])))
+                if reduce_op == tf.distribute.ReduceOp.MEAN:
+                    reduced = {k: _divide(r, len(parts[k]) * self.across_workers.num_workers, self.host_device)
+                               for k, r in reduced.items()}
+            for k in chunk:
+                results[present[k]] = reduced[k]
+        return results
+
     def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
         return self.batch_reduce_implementation(reduce_op, [(per_replica_value, destinations)], options)[0]
 
     def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
-        sparse = {i for i, (value, _) in enumerate(value_destination_pairs) if is_sparse(value)}
-        parts = [local_components(value) for value, _ in value_destination_pairs]
-        chunks = self.chunk_plan(byte_sizes(parts)) if self.chunk_plan else [[i] for i in range(len(parts))]
-        compression = self.compression if self._gradient_scopes else None
-        # Across workers, each worker sums its own replicas and the workers'
-        # sums are added: a mean divides once, by every replica of the cluster.
-        local_op = tf.distribute.ReduceOp.SUM if self.across_workers else reduce_op
-        results: list = [None] * len(parts)
-        for chunk in chunks:
-            # A chunk starts once all its inputs exist (one value: no barrier).
-            barrier = [t for i in chunk for t in parts[i]] if len(chunk) > 1 else []
-            reduced = {}
-            with tf.control_dependencies(barrier):
-                for i in chunk:
-                    value, _ = value_destination_pairs[i]
-                    if i in sparse:
-                        replicas = value.values if isinstance(value, tf.distribute.DistributedValues) else [value]
-                        reduced[i] = concat_on_host(replicas, local_op, self.host_device)
-                    else:
-                        dtype = parts[i][0].dtype
-                        reduced[i] = reduce_on_host(compress(parts[i], compression), local_op, dtype,
-                                                    self.host_device)
-            if self.across_workers:
-                reduced = dict(zip(chunk, self.across_workers([reduced[i] for i in chunk])))
-                if reduce_op == tf.distribute.ReduceOp.MEAN:
-                    reduced = {i: _divide(r, len(parts[i]) * self.across_workers.num_workers, self.host_device)
-                               for i, r in reduced.items()}
-            for i in chunk:
-                results[i] = self.broadcast(reduced[i], value_destination_pairs[i][1])
-        return results
+        reduced = self.reduce_to_host([value for value, _ in value_destination_pairs], reduce_op)
+        return [self.broadcast(r, destination) for r, (_, destination) in zip(reduced, value_destination_pairs)]
 
 
 def _divide(value, count: int, device: str):

@@ -1,18 +1,22 @@
 """The places where tf_glp.Strategy reaches into Keras 3.
 
 Keras' TensorFlow optimizer sums gradients with a replica-context all-reduce
-and then runs `update_step` per variable; to fuse the sum with the update on
-the host, tf_glp.Strategy needs the replicas' gradients before they are summed.
-Small wrappers do that, each a no-op unless the model or optimizer belongs to
-a tf_glp.Strategy:
+and then runs its update per variable copy; tf_glp.Strategy takes the whole
+optimizer step out of the replicas' step instead (strategy.py): one merge,
+the host sum, Keras' own apply once in cross-replica context. Small wrappers
+do that, each a no-op unless the model or optimizer belongs to a
+tf_glp.Strategy:
 
-- TFOptimizer._backend_update_step: the fused host update (HostStrategy).
+- BaseOptimizer.apply: the step from the replicas (Strategy._apply_once).
+- LossScaleOptimizer._tf_apply: the same, with its backend-neutral apply
+  (finite check, inner step or skip, scale update) as the step.
+- tf.__internal__.distribute.interim.maybe_merge_call (what Keras' TF
+  optimizer calls for weight decay, updates and accumulation): in the
+  cross-replica context of a tf_glp.Strategy, where that step runs, it calls
+  the function directly instead of failing for want of a replica context.
+- TFOptimizer._backend_update_step: the fused host update (update="host",
+  SGD / Adam / AdamW).
 - TFOptimizer._apply_weight_decay: skipped when the fused update applies it.
-- LossScaleOptimizer._tf_apply: dynamic loss scaling inside the host update
-  (HostStrategy, loss_scaling.py).
-- TFOptimizer._backend_apply_gradients: with gradient_accumulation_steps or
-  ema_overwrite_frequency, apply_gradients.py (Keras' own fails under every
-  tf.distribute strategy: a merge_call inside its `cond`).
 - Trainer.compile: jit_compile="auto" becomes False (the host ops run
   outside XLA); jit_compile=True is refused with a clear message. (Patched
   on Keras' Trainer itself: Keras treats a Model whose compile differs from
@@ -38,11 +42,12 @@ import tensorflow as tf
 
 from tf_glp import _keras_compat
 from tf_glp.strategy import chunking_decision
-from tf_glp.strategy.apply_gradients import apply_gradients, needs_own_apply
 
 _installed = False
 _lock = threading.Lock()
 
+_MERGE_CALL = ("tensorflow._api.v2.__internal__.distribute", "interim")
+_BASE_OPTIMIZER = ("keras.src.optimizers.base_optimizer", "BaseOptimizer")
 _TF_OPTIMIZER = ("keras.src.backend.tensorflow.optimizer", "TFOptimizer")
 _LOSS_SCALE_OPTIMIZER = ("keras.src.optimizers.loss_scale_optimizer", "LossScaleOptimizer")
 _TRAINER = ("keras.src.trainers.trainer", "Trainer")
@@ -70,6 +75,7 @@ def install() -> None:
         if _installed:
             return
         _keras_compat.require_internals()
+        _install_merge_call_hook()
         _install_optimizer_hooks()
         _install_loss_scale_hook()
         _install_model_hooks()
@@ -83,7 +89,33 @@ def _wrap(owner: tuple[str, str], name: str, make_wrapper) -> None:
     setattr(cls, name, functools.wraps(original)(make_wrapper(original)))
 
 
+def _in_replicas_step(strategy) -> bool:
+    """Whether the caller runs inside `strategy`'s replicas (not in
+    cross-replica context, where tf_glp's own step calls Keras)."""
+    context = tf.distribute.get_replica_context()
+    return strategy is not None and context is not None and context.strategy is strategy
+
+
+def _install_merge_call_hook() -> None:
+    def maybe_merge_call(original):
+        def maybe_merge_call(fn, strategy, *args, **kwargs):
+            if tf.distribute.get_replica_context() is None and getattr(strategy, "_is_tf_glp_strategy", False):
+                return fn(strategy, *args, **kwargs)  # already where the merge would go
+            return original(fn, strategy, *args, **kwargs)
+        return maybe_merge_call
+
+    _wrap(_MERGE_CALL, "maybe_merge_call", maybe_merge_call)
+
+
 def _install_optimizer_hooks() -> None:
+    def apply(original):
+        def apply(self, grads, trainable_variables=None):
+            strategy = _glp_strategy(self)
+            if not _in_replicas_step(strategy) or len(grads) == 0:
+                return original(self, grads, trainable_variables)
+            return strategy._apply_once(self, lambda g, v: original(self, g, v), grads, trainable_variables)
+        return apply
+
     def backend_update_step(original):
         def _backend_update_step(self, grads, trainable_variables, learning_rate):
             strategy = _glp_strategy(self)
@@ -91,41 +123,32 @@ def _install_optimizer_hooks() -> None:
                 return original(self, grads, trainable_variables, learning_rate)
             if strategy._apply_update(self, grads, trainable_variables):
                 return None
-            with strategy._reducing_gradients():  # Keras' all-reduce of the gradients
+            with strategy._reducing_gradients():  # Keras' all-reduce, if called from a replica
                 return original(self, grads, trainable_variables, learning_rate)
         return _backend_update_step
 
     def apply_weight_decay(original):
         def _apply_weight_decay(self, variables):
             strategy = _glp_strategy(self)
-            if strategy is not None and strategy._fuses_update(self, variables):
+            if strategy is not None and strategy._fusing_now(self, variables):
                 return None  # the fused update applies it, with the same learning rate
             return original(self, variables)
         return _apply_weight_decay
 
-    def backend_apply_gradients(original):
-        def _backend_apply_gradients(self, grads, trainable_variables):
-            strategy = _glp_strategy(self)
-            if strategy is None or not needs_own_apply(self) or tf.distribute.get_replica_context() is None:
-                return original(self, grads, trainable_variables)
-            return apply_gradients(self, grads, trainable_variables)
-        return _backend_apply_gradients
-
+    _wrap(_BASE_OPTIMIZER, "apply", apply)
     _wrap(_TF_OPTIMIZER, "_backend_update_step", backend_update_step)
     _wrap(_TF_OPTIMIZER, "_apply_weight_decay", apply_weight_decay)
-    _wrap(_TF_OPTIMIZER, "_backend_apply_gradients", backend_apply_gradients)
 
 
 def _install_loss_scale_hook() -> None:
     def tf_apply(original):
         def _tf_apply(self, grads, trainable_variables=None):
             strategy = _glp_strategy(self)
-            variables = trainable_variables if trainable_variables is not None else \
-                _keras_compat.built_variables(self)
-            if (strategy is not None and tf.distribute.get_replica_context() is not None
-                    and strategy._apply_loss_scaled_update(self, grads, variables)):
-                return None
-            return original(self, grads, trainable_variables)
+            if not _in_replicas_step(strategy):
+                return original(self, grads, trainable_variables)
+            return strategy._apply_once(
+                self, lambda g, v: _keras_compat.apply_loss_scaled(self, g, v), grads, trainable_variables,
+                loss_scaled=True)
         return _tf_apply
 
     _wrap(_LOSS_SCALE_OPTIMIZER, "_tf_apply", tf_apply)
@@ -158,7 +181,7 @@ def _install_model_hooks() -> None:
             bound = fit_signature.bind(self, *args, **kwargs)
             batch = _global_batch(bound.arguments)
             _check_global_batch(batch, strategy.num_replicas_in_sync)
-            if strategy.extended._in_multi_worker_mode():  # noqa: SLF001
+            if _keras_compat.in_multi_worker_mode(strategy):
                 strategy.extended.check_same_on_every_worker(
                     [batch or 0], "the workers' global batch sizes differ ({low} to {high}; 0: not known before "
                     "training): every worker must use the same global batch size.")

@@ -37,14 +37,14 @@ import zlib
 import tensorflow as tf
 from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
 from tensorflow.python.distribute import collective_all_reduce_strategy as collective_lib
-from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
-from tensorflow.python.distribute import multi_worker_util, parameter_server_strategy
+from tensorflow.python.distribute import multi_worker_util
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.eager import context as eager_context
 from tensorflow.python.ops import collective_ops
 
+from tf_glp import _keras_compat
 from tf_glp.strategy.cross_device_ops import HostCrossDeviceOps
-from tf_glp.strategy.host_extended import Home, host_variable_arguments, variable_home
+from tf_glp.strategy.host_copies import HostUpdateExtended
 
 # How long a worker waits for the others at start-up before it stops with a
 # message naming the silent ones (_bounded_start), and the coordination
@@ -307,76 +307,25 @@ class CollectiveHostExtended(collective_lib.CollectiveAllReduceExtended):
     def _gather_to_implementation(self, value, destinations, axis, options):
         ops = self._collective_ops if self._get_cross_device_ops(value) is self._cross_device_ops \
             else self._host_cross_device_ops
-        return ops._gather(value, destinations=destinations, axis=axis, options=options)  # noqa: SLF001
+        return _keras_compat.gather(ops, value, destinations, axis, options)
 
     @property
     def num_workers(self) -> int:
         return self._num_workers
 
-    @property
-    def is_chief(self) -> bool:
-        return self._is_chief
 
-    @property
-    def task_id(self) -> int:
-        return self._id_in_cluster
-
-
-_PS = parameter_server_strategy.ParameterServerStrategyExtended
-
-
-class MultiWorkerHostExtended(CollectiveHostExtended):
-    """update="host" across workers: every variable gets the home it has on
-    one machine (host_extended.py). Each worker keeps one host copy of the
-    weights and optimizer state, initialised from the chief's and updated
-    from the same cross-worker sums, so the copies stay bitwise equal;
-    per-replica state (metrics, batch statistics, seed generators) lives on
-    the replicas as under MultiWorkerMirroredStrategy. Host variables behave
-    as in CentralStorageStrategy (ParameterServerStrategyExtended's code),
-    replicated ones as in MultiWorkerMirroredStrategy."""
+class MultiWorkerHostExtended(HostUpdateExtended, CollectiveHostExtended):
+    """update="host" across workers: MultiWorkerMirroredStrategy's variables
+    with the host homes and host updates of one machine (host_copies.py).
+    Each worker keeps one host copy of the optimizer state, initialised from
+    the chief's and updated from the same cross-worker sums, so every
+    worker's copies stay bitwise equal."""
 
     def __init__(self, container_strategy, cluster_resolver, local_devices, host_ops):
         super().__init__(container_strategy, cluster_resolver, local_devices, host_ops)
-        self._variable_device = host_ops.host_device
-        self._parameter_devices = (host_ops.host_device,)
+        self._init_host_update(host_ops.host_device)
 
-    _create_var_creator = _PS._create_var_creator
-    _select_single_value = _PS._select_single_value
-
-    def _create_variable(self, next_creator, **kwargs):
-        if variable_home(kwargs) is Home.REPLICAS:
-            return super()._create_variable(next_creator, **kwargs)
-        kwargs = host_variable_arguments(kwargs)
+    def _host_initial_value(self, kwargs: dict):
         # The chief's initial value, as for replicated variables.
-        kwargs["initial_value"] = self._get_variable_creator_initial_value(
-            replica_id=0, device=self._variable_device, primary_var=None, **kwargs)
-        return _PS._create_variable(self, next_creator, **kwargs)
-
-    def _validate_colocate_with_variable(self, colocate_with_variable):
-        if isinstance(colocate_with_variable, values_lib.DistributedVariable):
-            return super()._validate_colocate_with_variable(colocate_with_variable)
-        return _PS._validate_colocate_with_variable(self, colocate_with_variable)
-
-    def _update(self, var, fn, args, kwargs, group):
-        if isinstance(var, values_lib.DistributedVariable):
-            return super()._update(var, fn, args, kwargs, group)
-        return _PS._update(self, var, fn, args, kwargs, group)
-
-    def _broadcast_to(self, tensor, destinations):
-        # MirroredStrategy's, but with TensorFlow's destination check: its
-        # `not destinations` fails on a host variable (the destination of a
-        # host variable's aggregated write).
-        if isinstance(tensor, (float, int)):
-            return tensor
-        if not cross_device_ops_lib.check_destinations(destinations):
-            destinations = self._devices
-        return self._get_cross_device_ops(tensor).broadcast(tensor, destinations)
-
-    def read_var(self, var):
-        if isinstance(var, values_lib.DistributedValues):
-            return super().read_var(var)
-        return _PS.read_var(self, var)
-
-    def value_container(self, val):
-        container = _PS.value_container(self, val)
-        return container if container is not val else super().value_container(val)
+        return self._get_variable_creator_initial_value(replica_id=0, device=self.host_device, primary_var=None,
+                                                        **kwargs)

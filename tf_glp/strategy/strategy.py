@@ -4,32 +4,36 @@
         model = ...; model.compile(...)
     model.fit(...)
 
-update="host" (a CentralStorageStrategy whose extended object gives each
-variable a home, host_extended.py): weights and optimizer slots live on the
-host; the replicas' gradients are summed there and the optimizer runs once
-per step. For keras.optimizers.SGD / Adam / AdamW the sum and the update are
-one fused native pass per variable (tf_glp.ops.FusedKerasUpdate); other
-optimizers get the sum from the native host_reduce and run their own update
-on the host. Metric variables, batch statistics, random-generator state and
-loss-scale counters live on the replicas, exactly as under MirroredStrategy,
-so every model MirroredStrategy trains trains here, to the same numbers.
-Dynamic loss scaling runs inside the host update (loss_scaling.py); gradient
-accumulation and EMA overwrites, which fail under every stock strategy, have
-their own step (apply_gradients.py).
+Both modes are MirroredStrategies: the model's variables are mirrored on the
+replicas, and everything Keras and TensorFlow see of them (reads, writes and
+variable types from inside a replica, XLA-compiled layers, metrics, batch
+statistics, seed generators) is what they see under MirroredStrategy. The
+optimizer step is taken out of the replicas' step once per step: one merge,
+where the host sums the replicas' gradients chunk by chunk (native
+host_reduce; across workers, then TensorFlow's collective), and Keras' own
+`optimizer.apply` runs once, in cross-replica context, on those sums. So
+every optimizer, weight decay, clipping, constraints, EMA, gradient
+accumulation and loss scaling run as Keras wrote them.
 
-update="replicas" (a MirroredStrategy): variables mirrored on the devices;
-gradients are summed on the host by the native host_reduce and sent back;
-every replica applies the update.
+update="host" (Note [One rule for update="host"], host_copies.py): the
+optimizer's variables live only on the host and its step runs there, on the
+host copy of each weight, which is then copied to the replicas. For
+keras.optimizers.SGD / Adam / AdamW (float32 weights) the sum and the
+update are one fused native pass per variable (tf_glp.ops.FusedKerasUpdate)
+where Keras would pass the gradients through unchanged.
 
-Both group variables into chunks (chunking.py) so the host can work on the
-last layers while the devices still compute the gradients of earlier ones;
-chunking="auto" decides the chunk count at the start of the first fit, with
-the cost model (cost_model.py) and at most one confirming retrace
-(chunking_decision.py).
+update="replicas": the host's sums go back to the replicas and every
+replica applies the update to its own copy, with its own optimizer state.
+
+Chunks (chunking.py) let the host work on the last layers while the devices
+still compute the gradients of earlier ones; chunking="auto" decides the
+chunk count at the start of the first fit, with the cost model
+(cost_model.py) and at most one confirming retrace (chunking_decision.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
@@ -39,16 +43,9 @@ import tensorflow as tf
 from tf_glp import _keras_compat
 from tf_glp.ops import FusedKerasUpdate, host_reduce, supports_fused_update
 from tf_glp.strategy import chunking as chunking_lib
-from tf_glp.strategy import cost_model, devices as devices_lib, hooks, loss_scaling, multi_worker
-from tf_glp.strategy.host_extended import HostExtended
-from tf_glp.strategy.cross_device_ops import (
-    HostCrossDeviceOps,
-    byte_sizes,
-    compress,
-    concat_on_host,
-    is_sparse,
-    local_components,
-)
+from tf_glp.strategy import cost_model, devices as devices_lib, hooks, multi_worker
+from tf_glp.strategy.cross_device_ops import HostCrossDeviceOps, compress, concat_on_host, is_sparse, local_components
+from tf_glp.strategy.host_copies import HostMirroredExtended
 
 _UPDATES = ("host", "replicas")
 HOST_DEVICE = "/cpu:0"
@@ -57,9 +54,9 @@ HOST_DEVICE = "/cpu:0"
 class Strategy(tf.distribute.Strategy):
     """Data-parallel training with the host CPUs aggregating gradients.
 
-    `Strategy(...)` returns a `HostStrategy` (update="host", a
-    CentralStorageStrategy) or a `ReplicaStrategy` (update="replicas", a
-    MirroredStrategy); both are instances of `tf_glp.Strategy`.
+    `Strategy(...)` returns a `HostStrategy` (update="host") or a
+    `ReplicaStrategy` (update="replicas"), both MirroredStrategies and
+    instances of `tf_glp.Strategy`.
 
     Args:
         devices: Compute devices. Default: all GPUs; without GPUs,
@@ -75,10 +72,9 @@ class Strategy(tf.distribute.Strategy):
             metrics and losses stay exact) cross to the host in 16 bits and
             are accumulated in float32 (results then differ from float32
             training by the rounding of the gradients). A finite gradient
-            beyond float16's range raises InvalidArgumentError, except where
-            update="host" runs the loss scaling itself ('mixed_float16' with
-            SGD / Adam / AdamW, no clipping): there the step is skipped and
-            the scale lowered.
+            beyond float16's range raises InvalidArgumentError, except in a
+            loss-scaled step ('mixed_float16'): there it becomes inf, the
+            step is skipped and the scale lowered, as loss scaling intends.
         cpu_replicas: Number of logical CPU replicas when there are no GPUs
             (default 2), or to force CPU replicas on a GPU machine. Per
             worker when training across workers.
@@ -167,7 +163,7 @@ class Strategy(tf.distribute.Strategy):
             >>> print(strategy.explain())
         """
         where = f"{len(self.extended.worker_devices)} replicas"
-        if self.extended._in_multi_worker_mode():  # noqa: SLF001
+        if _keras_compat.in_multi_worker_mode(self):
             where += f" x {self.extended.num_workers} workers"
         lines = [f"tf_glp.Strategy(update={self.update!r}, chunking={self.chunking!r}, "
                  f"compression={self.compression!r}) on {where}"]
@@ -182,14 +178,44 @@ class Strategy(tf.distribute.Strategy):
         """Context for gradient reductions: the only ones `compression` applies to."""
         return self._host_ops.reducing_gradients()
 
-    # -- host update (update="host" only) -----------------------------------
+    # -- the optimizer step --------------------------------------------------
+    def _apply_once(self, optimizer, run, grads, variables, *, loss_scaled: bool = False) -> None:
+        """The optimizer step, called from the replicas' step (hooks.py):
+        one merge; there the replicas' gradients are summed on the host and
+        `run(summed_grads, variables)` (Keras' own apply) runs once, in
+        cross-replica context. Under update="host" it runs on the host
+        copies (`_optimizer_step`); the fused update may take the
+        per-replica gradients unsummed (`_takes_unsummed`)."""
+        _check_not_xla()
+
+        def merge_fn(strategy, grads):
+            grads = list(grads)
+            keras_variables = list(variables) if variables is not None else _keras_compat.built_variables(optimizer)
+            if not self._takes_unsummed(optimizer, keras_variables, loss_scaled):
+                # An fp16 overflow in a loss-scaled step becomes inf and
+                # skips the step, as loss scaling intends, instead of raising.
+                grads = self._host_ops.reduce_to_host(grads, gradients=True,
+                                                      overflow="propagate" if loss_scaled else "raise")
+            with self._optimizer_step(optimizer, keras_variables):
+                run(grads, variables)
+
+        tf.distribute.get_replica_context().merge_call(merge_fn, args=(list(grads),))
+
+    def _optimizer_step(self, optimizer, variables):
+        return contextlib.nullcontext()
+
+    def _takes_unsummed(self, optimizer, variables, loss_scaled: bool) -> bool:
+        return False
+
     def _fuses_update(self, optimizer, variables) -> bool:
         return False
 
-    def _apply_update(self, optimizer, grads, variables) -> bool:
+    def _fusing_now(self, optimizer, variables) -> bool:
+        """Whether the fused update runs here: inside the host step (not
+        from a replica, nor from a cross-replica call outside the step)."""
         return False
 
-    def _apply_loss_scaled_update(self, loss_scale_optimizer, grads, variables) -> bool:
+    def _apply_update(self, optimizer, grads, variables) -> bool:
         return False
 
 
@@ -212,130 +238,78 @@ def _check_not_xla() -> None:
 
 class _HostUpdate:
     """The optimizer step on the host (update="host", one machine or across
-    workers). Across workers each chunk's local sum first crosses the workers
-    (one collective per chunk); the same update then runs on every worker's
-    host."""
+    workers; host_copies.py). Across workers each chunk's local sum first
+    crosses the workers (one collective per chunk); the same update then
+    runs on every worker's host."""
+
+    def _optimizer_step(self, optimizer, variables):
+        # The optimizer's own list too: Keras' EMA reads it.
+        return self.extended.host_update(list(variables) + _keras_compat.built_variables(optimizer))
 
     def _fuses_update(self, optimizer, variables) -> bool:
         if not supports_fused_update(optimizer, update_step_only=True)[0]:
             return False
-        return all(v.dtype == "float32" and getattr(v, "constraint", None) is None for v in variables)
+        return all(v.dtype == "float32" for v in variables)
+
+    def _fusing_now(self, optimizer, variables) -> bool:
+        return self.extended.in_host_update() and self._fuses_update(optimizer, variables)
+
+    def _takes_unsummed(self, optimizer, variables, loss_scaled: bool) -> bool:
+        """Whether Keras passes the gradients untouched to the fused update
+        (no unscaling, clipping or accumulation first): then the fused pass
+        reads each replica's gradient itself and sums it on the fly."""
+        if loss_scaled or not self._fuses_update(optimizer, variables):
+            return False
+        if any(getattr(optimizer, name, None) for name in
+               ("clipnorm", "clipvalue", "global_clipnorm", "gradient_accumulation_steps", "loss_scale_factor")):
+            return False
+        return not any(getattr(v, "overwrite_with_gradient", False) for v in variables)
 
     def _apply_update(self, optimizer, grads, variables) -> bool:
-        """Sums the replicas' gradients and applies the optimizer in one fused
-        pass per variable on the host (called from the optimizer hook). In
-        cross-replica context (the loss-scaled step below) the gradients are
-        already summed host tensors. Sparse gradients (IndexedSlices, e.g.
-        Embedding's) are concatenated on the host and go through Keras' own
-        update_step there, as Keras would run it (see concat_on_host)."""
-        if not self._fuses_update(optimizer, variables):
+        """Keras' `_backend_update_step` inside the host step (hooks.py): the
+        fused native pass per variable, chunk by chunk. Gradients arrive
+        per replica (summed here, in the same pass) or already summed on the
+        host. Sparse gradients (IndexedSlices, e.g. Embedding's) are
+        concatenated on the host and go through Keras' own update_step
+        there, as Keras would run it (see concat_on_host)."""
+        if not self._fusing_now(optimizer, variables):
             return False
-        _check_not_xla()
-        variables = list(variables)
+        variables = [self.extended.host_target(v) for v in variables]
         fused = FusedKerasUpdate(optimizer, update_step_only=True)
-        compression = self.compression
-
-        host = self._host_ops.host_device
-        across = self._host_ops.across_workers
-
-        def merge_fn(strategy, *grads, summed=False):
-            sparse = [i for i, g in enumerate(grads) if is_sparse(g)]
-            dense = [i for i in range(len(grads)) if i not in sparse]
-            per_variable = [local_components(grads[i]) for i in dense]
-            chunks = self.chunking_state.plan(byte_sizes(per_variable))  # planned on uncompressed sizes
-            if not summed:
-                per_variable = [compress(parts, compression) for parts in per_variable]
-            with tf.device(host):
-                for chunk in chunks:
-                    barrier = [t for i in chunk for t in per_variable[i]] if len(chunk) > 1 else []
-                    with tf.control_dependencies(barrier):
-                        parts = [per_variable[i] for i in chunk]
-                        if across and not summed:
-                            # This worker's sum, then every worker's: one
-                            # collective for the chunk.
-                            parts = [[total] for total in across(
-                                [host_reduce(p, output_dtype=tf.float32) for p in parts])]
-                        fused.apply(parts, [variables[dense[i]] for i in chunk], increment_iterations=False)
-                for i in sparse:
-                    replicas = grads[i].values if isinstance(grads[i], tf.distribute.DistributedValues) else [grads[i]]
-                    rows = concat_on_host(replicas, tf.distribute.ReduceOp.SUM, host)
-                    if across and not summed:
-                        rows = across([rows])[0]
-                    _apply_sparse_update(strategy, optimizer, rows, variables[i])
-
-        replica_context = tf.distribute.get_replica_context()
-        if replica_context is None:
-            # Host tensors already summed (across workers too, and if
-            # compressed, already crossed in 16 bits): update in float32,
-            # no second rounding.
-            merge_fn(self, *grads, summed=True)
-        else:
-            replica_context.merge_call(merge_fn, args=tuple(grads))
-        return True
-
-    def _apply_loss_scaled_update(self, loss_scale_optimizer, grads, variables) -> bool:
-        """Keras' dynamic loss scaling, inside the host update.
-
-        The host sums each variable's replica gradients and divides the sum
-        by the loss scale in one native pass that also checks the result is
-        finite (Note [Finite check in the reduce pass]); then, as Keras'
-        LossScaleOptimizer does, either the inner optimizer's fused update
-        runs and the scale grows after `dynamic_growth_steps` good steps, or
-        the step is skipped and the scale halves. Unlike Keras under
-        MirroredStrategy, which looks at the first replica's gradients only,
-        an overflow on any replica (or in the sum, or in fp16 compression)
-        skips the step. Nothing is chunked here: no update may start before
-        every gradient is known to be finite (explain() still shows the
-        chunk count the other paths use).
-        """
-        inner = loss_scale_optimizer.inner_optimizer
-        if (not self._fuses_update(inner, variables)
-                or any(getattr(inner, name, None) is not None for name in ("clipnorm", "clipvalue", "global_clipnorm"))
-                or any(getattr(v, "overwrite_with_gradient", False) for v in variables)
-                or any(is_sparse(g) for g in grads if g is not None)):
-            # Keras clips each replica's gradients before the sum, and does
-            # not unscale overwrite-with-gradient (float8) variables: keep
-            # its own path (with the fused update inside, when it applies).
-            return False
-        _check_not_xla()
-        variables = list(variables)
-        compression = self.compression
-
-        across = self._host_ops.across_workers
-
-        def merge_fn(strategy, *grads):
-            scale = tf.convert_to_tensor(loss_scale_optimizer.dynamic_scale.value)
-            summed, finite = [None] * len(grads), []
-            present = [i for i, grad in enumerate(grads) if grad is not None]  # Keras skips the others
-            with tf.device(self._host_ops.host_device):
-                # An fp16 overflow becomes inf and skips the step, as loss
-                # scaling intends, instead of raising.
-                parts = [compress(local_components(grads[i]), compression, overflow="propagate") for i in present]
-                if across:  # this worker's sums, then every worker's (one collective)
+        host_ops = self._host_ops
+        across = host_ops.across_workers
+        summed = not any(isinstance(g, tf.distribute.DistributedValues) for g in grads)
+        sparse = [i for i, g in enumerate(grads) if is_sparse(g)]
+        dense = [i for i in range(len(grads)) if i not in sparse]
+        per_variable = [local_components(grads[i]) for i in dense]
+        sizes = [int(p[0].shape.num_elements() or 0) * p[0].dtype.size for p in per_variable]  # uncompressed
+        if not summed:
+            per_variable = [compress(parts, self.compression) for parts in per_variable]
+        with tf.device(host_ops.host_device):
+            for chunk in host_ops.in_chunks(per_variable, sizes):
+                parts = [per_variable[i] for i in chunk]
+                if across and not summed:
+                    # This worker's sum, then every worker's: one collective
+                    # for the chunk.
                     parts = [[total] for total in across([host_reduce(p, output_dtype=tf.float32) for p in parts])]
-                for i, grad_parts in zip(present, parts):
-                    total, all_finite = host_reduce(grad_parts, output_dtype=tf.float32, divisor=scale,
-                                                    return_all_finite=True)
-                    summed[i] = total
-                    finite.append(all_finite)
-                step_is_finite = tf.reduce_all(tf.stack(finite)) if finite else tf.constant(True)
-            loss_scaling.finish_step(loss_scale_optimizer, step_is_finite, summed, variables)
-
-        tf.distribute.get_replica_context().merge_call(merge_fn, args=tuple(grads))
+                fused.apply(parts, [variables[dense[i]] for i in chunk], increment_iterations=False)
+            for i in sparse:
+                replicas = grads[i].values if isinstance(grads[i], tf.distribute.DistributedValues) else [grads[i]]
+                rows = concat_on_host(replicas, tf.distribute.ReduceOp.SUM, host_ops.host_device)
+                if across and not summed:
+                    rows = across([rows])[0]
+                _apply_sparse_update(self, optimizer, rows, variables[i])
         return True
 
 
-
-class HostStrategy(_HostUpdate, Strategy, tf.distribute.experimental.CentralStorageStrategy):
+class HostStrategy(_HostUpdate, Strategy, tf.distribute.MirroredStrategy):
     """tf_glp.Strategy with update="host" (see Strategy)."""
 
     def __init__(self, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None,
                  cluster_resolver=None):
         devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
-        # CentralStorageStrategy with per-variable homes (host_extended.py).
-        tf.distribute.Strategy.__init__(self, HostExtended(self, devices, HOST_DEVICE))
-        # The host reductions (metrics, losses, optimizers without a fused update).
-        _keras_compat.set_cross_device_ops(self.extended, self._host_ops)
+        tf.distribute.Strategy.__init__(self, HostMirroredExtended(self, devices, self._host_ops, HOST_DEVICE))
+
 
 class ReplicaStrategy(Strategy, tf.distribute.MirroredStrategy):
     """tf_glp.Strategy with update="replicas" (see Strategy)."""
@@ -387,8 +361,8 @@ class MultiWorkerReplicaStrategy(_MultiWorkerKerasFixes, Strategy, tf.distribute
 
 class MultiWorkerHostStrategy(_HostUpdate, MultiWorkerReplicaStrategy):
     """tf_glp.Strategy with update="host" across workers (multi_worker.py):
-    every worker's host holds the weights and optimizer state and applies
-    the same update from the cross-worker sums."""
+    every worker's host holds the optimizer state and applies the same
+    update from the cross-worker sums to its host copies."""
 
     _extended_class = multi_worker.MultiWorkerHostExtended
 

@@ -1,0 +1,235 @@
+"""update="host": the model's variables as under MirroredStrategy, the
+optimizer's state and step on the host.
+
+The one rule (Note [One rule for update="host"]): everything Keras and
+TensorFlow see of the model's variables is what they see under
+MirroredStrategy (mirrored on the replicas, read and written from the
+replicas as stock), and the optimizer step runs once per step on the host,
+in cross-replica context, after the host sum.
+
+CPU-assisted data parallelism (ICPE 2018) needs only the *optimizer step* on
+the host. So the extended object below differs from MirroredStrategy's in
+two places and nowhere else:
+
+- Creation: a variable the optimizer creates (slots, EMA averages, gradient
+  accumulators, Nadam's and Muon's extra state, the iteration counter,
+  loss-scale state: whatever is created inside a Keras optimizer's name
+  scope) is one plain variable on the host. Everything else (weights, batch
+  statistics, seed-generator state, metrics) is created as MirroredStrategy
+  creates it.
+- Updates: a cross-replica update of a trainable mirrored variable
+  (`extended.update`, which Keras' optimizer, weight decay, EMA overwrites,
+  `set_weights` and `assign` all go through) runs once, on the variable's
+  host copy, and the new value is then copied to the replicas. A host
+  variable is updated once, where it lives. Other mirrored variables are
+  updated per copy, as stock.
+
+A trainable variable's host copy is its replica copy on the host device
+when there is one (logical CPU replicas: the host's memory is the replicas'
+memory, nothing to keep in sync), otherwise one host variable created at the
+first update (GPU replicas) and refreshed from the first replica at the start
+of every host update: a checkpoint restore or a write from inside a replica
+reaches the replicas' copies without passing through `extended.update`.
+
+During the optimizer step (`host_update`) the Keras variables the optimizer
+updates point at their host copies, so every read and write Keras makes in
+its step (update_step, weight decay, EMA, constraints, accumulation) goes to
+the host; when the step ends, each updated variable is copied to the
+replicas. TensorFlow runs each copy as soon as that variable's own update is
+done (ordering is per variable), so the copies of the last layers overlap
+the host's work on earlier ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+
+import tensorflow as tf
+from tensorflow.python.distribute import distribute_utils, mirrored_strategy
+from tensorflow.python.distribute import values as values_lib
+from tensorflow.python.util import nest
+
+from tf_glp import _keras_compat
+
+
+def _same_device(a: str, b: str) -> bool:
+    def canonical(name):
+        spec = tf.DeviceSpec.from_string(name)
+        return (spec.job, spec.task, (spec.device_type or "").upper(), spec.device_index or 0)
+
+    a, b = canonical(a), canonical(b)
+    # A missing job/task matches any (a local device string).
+    return all(x == y or x is None or y is None for x, y in zip(a, b))
+
+
+class HostUpdateExtended:
+    """Mixin for a MirroredExtended subclass: the host homes and host updates
+    of the module docstring. Call `_init_host_update(host_device)` in
+    `__init__`."""
+
+    def _init_host_update(self, host_device: str) -> None:
+        self._glp_host_device = host_device
+        self._glp_masters: dict[int, tf.Variable] = {}
+        self._glp_pending: list | None = None  # variables to copy when the host update ends
+        self._glp_lock = threading.RLock()
+        self._glp_creating_host_copy = False
+
+    @property
+    def host_device(self) -> str:
+        return self._glp_host_device
+
+    # -- creation ------------------------------------------------------------
+    def _create_variable(self, next_creator, **kwargs):
+        if self._glp_creating_host_copy:
+            return next_creator(**kwargs)
+        if not _keras_compat.creating_optimizer_variable():
+            return super()._create_variable(next_creator, **kwargs)
+        kwargs.pop("colocate_with", None)
+        kwargs["initial_value"] = self._host_initial_value(kwargs)
+        with tf.device(self._glp_host_device):
+            return next_creator(**kwargs)
+
+    def _host_initial_value(self, kwargs: dict):
+        """The initial value of a host variable (across workers: the chief's)."""
+        return kwargs["initial_value"]
+
+    def _validate_colocate_with_variable(self, colocate_with_variable):
+        # Keras colocates a slot with its variable; inside the host update
+        # that is the host copy, a plain variable.
+        if isinstance(colocate_with_variable, values_lib.DistributedVariable):
+            super()._validate_colocate_with_variable(colocate_with_variable)
+
+    # -- host copies -----------------------------------------------------------
+    def has_host_copy(self, variable) -> bool:
+        """Whether `variable` is a trainable mirrored variable (updated on the host)."""
+        return isinstance(variable, values_lib.DistributedVariable) and not distribute_utils.is_sync_on_read(
+            variable) and variable.trainable
+
+    def _host_index(self, variable) -> int | None:
+        for index, component in enumerate(variable.values):
+            if _same_device(component.device, self._glp_host_device):
+                return index
+        return None
+
+    def host_copy(self, variable, *, refresh: bool = True):
+        """The host copy of a trainable mirrored variable (see the module
+        docstring); a separate host variable is refreshed from the first
+        replica unless refresh=False."""
+        index = self._host_index(variable)
+        if index is not None:
+            return variable.values[index]
+        with self._glp_lock:
+            master = self._glp_masters.get(id(variable))
+            if master is None:
+                first = variable.values[0]
+                self._glp_creating_host_copy = True
+                try:
+                    with tf.init_scope(), tf.device(self._glp_host_device):
+                        master = tf.Variable(first.read_value(), trainable=False,
+                                             name=first.name.split(":")[0] + "/host")
+                finally:
+                    self._glp_creating_host_copy = False
+                # Keras finds a variable's slots through its container
+                # (TFOptimizer._var_key), as it does for the replica copies.
+                master._distributed_container = weakref.ref(variable)  # noqa: SLF001
+                self._glp_masters[id(variable)] = master
+                return master
+        if refresh:
+            master.assign(variable.values[0].read_value())
+        return master
+
+    def _copy_to_replicas(self, variable) -> None:
+        host = self.host_copy(variable, refresh=False)
+        with tf.device(host.device):
+            value = host.read_value()
+        for component in variable.values:
+            if component is not host:
+                with tf.device(component.device):
+                    component.assign(value)
+
+    def in_host_update(self) -> bool:
+        """Whether the optimizer's host step is being built or run now."""
+        return self._glp_pending is not None
+
+    def host_target(self, variable):
+        """What the host step writes for `variable`: a Keras variable as it
+        is (it points at its host copy during the step), a raw trainable
+        mirrored tf.Variable its host copy, queued for the copy to the
+        replicas."""
+        if self.has_host_copy(variable):
+            if self._glp_pending is not None:
+                self._glp_pending.append(variable)
+            return self.host_copy(variable, refresh=self._glp_pending is None)
+        return variable
+
+    @contextlib.contextmanager
+    def host_update(self, keras_variables):
+        """The optimizer step on the host: inside, each of these Keras
+        variables (the trainable ones with a host copy) points at its host
+        copy; at the end each is copied to the replicas."""
+        swapped = []
+        seen = set()
+        for keras_variable in keras_variables:
+            inner = _keras_compat.keras_variable_value(keras_variable)
+            if id(keras_variable) in seen or not self.has_host_copy(inner):
+                continue
+            seen.add(id(keras_variable))
+            swapped.append((keras_variable, inner))
+        outer = self._glp_pending
+        self._glp_pending = [inner for _, inner in swapped]
+        for keras_variable, inner in swapped:
+            _keras_compat.set_keras_variable_value(keras_variable, self.host_copy(inner))
+        try:
+            yield
+        finally:
+            for keras_variable, inner in swapped:
+                _keras_compat.set_keras_variable_value(keras_variable, inner)
+            pending, self._glp_pending = self._glp_pending, outer
+        copied = set()
+        for variable in pending:
+            if id(variable) not in copied:
+                copied.add(id(variable))
+                self._copy_to_replicas(variable)
+
+    # -- updates ------------------------------------------------------------
+    def _update(self, var, fn, args, kwargs, group):
+        if isinstance(var, values_lib.DistributedVariable):
+            if not self.has_host_copy(var):
+                return super()._update(var, fn, args, kwargs, group)
+            target = self.host_copy(var, refresh=self._glp_pending is None)
+            index = self._host_index(var) or 0
+        else:
+            target, index = var, (self._host_index_of_device(var.device) or 0)
+        # No UpdateContext: a mirrored variable written inside `fn` (one the
+        # optimizer does not own) is then written on every copy, once.
+        with tf.device(target.device):
+            result = fn(target, *distribute_utils.select_replica(index, args),
+                        **distribute_utils.select_replica(index, kwargs))
+        if isinstance(var, values_lib.DistributedVariable):
+            if self._glp_pending is not None:
+                self._glp_pending.append(var)
+            else:
+                self._copy_to_replicas(var)
+        return result if group else nest.map_structure(self._local_results, result)
+
+    def _host_index_of_device(self, device: str) -> int | None:
+        for index, name in enumerate(self.worker_devices):
+            if _same_device(name, device):
+                return index
+        return None
+
+    def read_var(self, var):
+        if isinstance(var, values_lib.DistributedValues):
+            return super().read_var(var)
+        return tf.identity(var.read_value())
+
+
+class HostMirroredExtended(HostUpdateExtended, mirrored_strategy.MirroredExtended):
+    """MirroredStrategy's extended object with the host homes and updates
+    of update="host" on one machine (see the module docstring)."""
+
+    def __init__(self, container_strategy, devices, cross_device_ops, host_device: str):
+        super().__init__(container_strategy, devices=devices, cross_device_ops=cross_device_ops)
+        self._init_host_update(host_device)
