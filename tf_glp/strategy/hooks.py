@@ -7,7 +7,9 @@ the host sum, Keras' own apply once in cross-replica context. Small wrappers
 do that, each a no-op unless the model or optimizer belongs to a
 tf_glp.Strategy:
 
-- BaseOptimizer.apply: the step from the replicas (Strategy._apply_once).
+- BaseOptimizer.apply (and the `apply` of every keras.optimizers class that
+  has its own, such as MultiOptimizer): the step from the replicas
+  (Strategy._apply_once).
 - LossScaleOptimizer._tf_apply: the same, with its backend-neutral apply
   (finite check, inner step or skip, scale update) as the step.
 - tf.__internal__.distribute.interim.maybe_merge_call (what Keras' TF
@@ -136,6 +138,15 @@ def _install_optimizer_hooks() -> None:
         return _apply_weight_decay
 
     _wrap(_BASE_OPTIMIZER, "apply", apply)
+    # Keras optimizers with an `apply` of their own (MultiOptimizer): the
+    # same step, so that what their apply writes (its own step counter) is
+    # written once. LossScaleOptimizer's is wrapped at `_tf_apply` instead.
+    loss_scale_optimizer = _keras_compat.keras_class(*_LOSS_SCALE_OPTIMIZER)
+    classes = {id(c): c for c in vars(keras.optimizers).values() if isinstance(c, type)}
+    for cls in classes.values():
+        if (issubclass(cls, keras.optimizers.Optimizer) and "apply" in vars(cls)
+                and not issubclass(cls, loss_scale_optimizer)):
+            _wrap((cls.__module__, cls.__name__), "apply", apply)
     _wrap(_TF_OPTIMIZER, "_backend_update_step", backend_update_step)
     _wrap(_TF_OPTIMIZER, "_apply_weight_decay", apply_weight_decay)
 

@@ -48,6 +48,7 @@ from tf_glp.strategy.cross_device_ops import HostCrossDeviceOps, compress, conca
 from tf_glp.strategy.host_copies import HostMirroredExtended
 
 _UPDATES = ("host", "replicas")
+_MirroredStrategy = tf.distribute.MirroredStrategy  # as imported (a test replaces the public name)
 HOST_DEVICE = "/cpu:0"
 
 
@@ -199,7 +200,13 @@ class Strategy(tf.distribute.Strategy):
             with self._optimizer_step(optimizer, keras_variables):
                 run(grads, variables)
 
-        tf.distribute.get_replica_context().merge_call(merge_fn, args=(list(grads),))
+        # Each replica's own tensors: tf.distribute regroups a value that is
+        # the same object on every replica (a gradient tensor made outside
+        # the replicas' function) into one value, which would then be
+        # counted once instead of once per replica. (Identity forwards the
+        # buffer: no copy.)
+        grads = [None if g is None else _own_copy(g) for g in grads]
+        tf.distribute.get_replica_context().merge_call(merge_fn, args=(grads,))
 
     def _optimizer_step(self, optimizer, variables):
         return contextlib.nullcontext()
@@ -227,6 +234,12 @@ def _apply_sparse_update(strategy, optimizer, grad: tf.IndexedSlices, variable) 
     target = variable.value if isinstance(variable, keras.Variable) else variable
     strategy.extended.update(target, lambda v, g: optimizer.update_step(g, v, optimizer.learning_rate),
                              args=(grad,), group=False)
+
+
+def _own_copy(value):
+    if isinstance(value, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.identity(value.values), value.indices, value.dense_shape)
+    return tf.identity(value)
 
 
 def _check_not_xla() -> None:
@@ -317,7 +330,7 @@ class ReplicaStrategy(Strategy, tf.distribute.MirroredStrategy):
     def __init__(self, devices=None, *, update: str = "replicas", chunking="auto", compression=None, cpu_replicas=None,
                  cluster_resolver=None):
         devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
-        tf.distribute.MirroredStrategy.__init__(self, devices=devices, cross_device_ops=self._host_ops)
+        _MirroredStrategy.__init__(self, devices=devices, cross_device_ops=self._host_ops)
 
 
 class _MultiWorkerKerasFixes:

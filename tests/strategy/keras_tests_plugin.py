@@ -1,0 +1,35 @@
+"""A pytest plugin that runs Keras' own distribution tests (the files that
+ship inside the installed keras package) with tf_glp.Strategy wherever they
+construct `tf.distribute.MirroredStrategy`. Nothing is copied: the tests are
+Keras' files as installed; only the constructor is replaced, at run time.
+
+    TF_GLP_KERAS_TESTS_UPDATE=host python -m pytest -p keras_tests_plugin <keras test file>
+
+TF_GLP_KERAS_TESTS_UPDATE: "host" or "replicas" (tf_glp.Strategy's mode), or
+"stock" (nothing replaced: the baseline). Used by test_keras_own_tests.py.
+"""
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def pytest_configure(config):
+    update = os.environ.get("TF_GLP_KERAS_TESTS_UPDATE", "stock")
+    if update == "stock":
+        return
+    if update not in ("host", "replicas"):
+        raise ValueError(f"TF_GLP_KERAS_TESTS_UPDATE must be 'stock', 'host' or 'replicas', got {update!r}")
+    import tensorflow as tf
+
+    import tf_glp
+
+    strategy_class = tf_glp.Strategy  # imported (its classes defined) before the constructor is replaced
+
+    def mirrored_strategy(devices=None, cross_device_ops=None):
+        # The devices Keras asks for; tf_glp's own host reductions in place
+        # of the cross-device ops.
+        return strategy_class(devices, update=update)
+
+    tf.distribute.MirroredStrategy = mirrored_strategy
