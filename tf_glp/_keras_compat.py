@@ -232,6 +232,14 @@ def dataset_batch_size(dataset) -> int | None:
 
 
 
+def op_determinism_enabled() -> bool:
+    """Whether tf.config.experimental.enable_op_determinism() was called
+    (TensorFlow has no public getter)."""
+    from tensorflow.python.framework import config  # noqa: PLC0415
+
+    return config.is_op_determinism_enabled()
+
+
 def in_xla_context() -> bool:
     import tensorflow as tf  # noqa: PLC0415
     from tensorflow.python.ops import control_flow_util  # noqa: PLC0415

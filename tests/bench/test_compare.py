@@ -15,13 +15,14 @@ from tf_glp.bench import compare
 def test_tiny_run_writes_report_json_and_plots(tmp_path):
     out = str(tmp_path / "out")
     assert compare.main(["--workload", "cnn,lstm", "--replicas", "1,2", "--steps", "3",
-                         "--concepts", "one-device,mirrored-host-reduce,tf_glp-host", "--out", out]) == 0
+                         "--concepts", "plain-keras,one-device,mirrored-host-reduce,tf_glp-host", "--out", out]) == 0
     report = open(os.path.join(out, "report.md")).read()
     results = json.load(open(os.path.join(out, "results.json")))
     assert sorted(p for p in os.listdir(out) if p.endswith(".png")) == sorted(
         f"{w}_{k}.png" for w in ("cnn", "lstm") for k in ("throughput", "efficiency", "loss"))
     assert results["machine"]["cores"] == os.cpu_count() and "tensorflow" in results["machine"]
-    assert len(results["runs"]) == 2 * (1 + 2 + 2)
+    assert len(results["runs"]) == 2 * (1 + 1 + 2 + 2)
+    assert "plain-keras" in compare.DEFAULT_CONCEPTS  # the most common peer, in every default comparison
     for key, row in results["summary"].items():
         assert "steps_per_s" in row, (key, row.get("error"))
         # The report shows the JSON's numbers.

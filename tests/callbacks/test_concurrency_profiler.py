@@ -327,3 +327,34 @@ def test_layers_with_lanes_tell_keras_they_cannot_run_in_xla():
     assert not model_supports_jit(model)
     tf_glp.layers.as_glp_layer(model.get_layer("hidden"), None)
     assert model_supports_jit(model)
+
+
+@pytest.fixture
+def op_determinism():
+    from tensorflow.python.framework import config
+
+    tf.config.experimental.enable_op_determinism()
+    try:
+        yield
+    finally:
+        config.disable_op_determinism()
+
+
+def test_works_under_op_determinism_and_the_reused_plan_repeats_bitwise(op_determinism, tmp_path, monkeypatch):
+    # tf.timestamp() refuses to run under op determinism: the profiler times
+    # on the host clock instead, chooses, and a run reusing its plan repeats.
+    path = str(tmp_path / "plan.json")
+    callback = ConcurrencyProfiler(trials=2, plan_path=path, verbose=0, batch_size=32)
+    _train(_sequential, [callback], epochs=1)
+    plan = plan_lib.read(path)
+    assert [layer.name for layer in plan.layers] == ["conv", "hidden", "logits"]
+    for layer in plan.layers:
+        assert all(c.median_ms > 0 for c in layer.candidates), layer
+    _forced(monkeypatch, 2)  # a plan with lanes, so that the concurrent kernels run too
+    forced_path = str(tmp_path / "forced.json")
+    _train(_sequential, [ConcurrencyProfiler(trials=1, plan_path=forced_path, verbose=0, batch_size=32)], epochs=1)
+    runs = [_train(_sequential, [ConcurrencyProfiler(trials=1, plan_path=forced_path, verbose=0, batch_size=32)])
+            for _ in range(2)]
+    assert runs[0][1] == runs[1][1]
+    for a, b in zip(runs[0][0].weights, runs[1][0].weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())

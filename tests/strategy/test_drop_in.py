@@ -217,10 +217,11 @@ def test_gradient_accumulation_in_a_custom_loop_matches_one_device(loss_scaled, 
 
 @pytest.mark.parametrize("update", MODES)
 def test_keras_gradient_accumulation_sequence(update):
-    """Keras' own test_gradient_accumulation (eager strategy.run, the same
-    gradient tensor on both replicas), step by step against stock: the
-    same weights after every step; the accumulator holds the replicas' sum
-    where stock's holds one replica's share (test_keras_own_tests.py)."""
+    """Keras' own test_gradient_accumulation (eager strategy.run), with each
+    replica's own gradient tensor as in training (Keras' test shares one
+    tensor object, see test_keras_own_tests.py), step by step against
+    stock: the same weights after every step; the accumulator holds the
+    replicas' sum where stock's holds one replica's share."""
 
     def steps(strategy):
         with strategy.scope():
@@ -229,7 +230,7 @@ def test_keras_gradient_accumulation_sequence(update):
             optimizer = keras.optimizers.SGD(learning_rate=1.0, gradient_accumulation_steps=3)
             seen = []
             for _ in range(4):
-                strategy.run(lambda: optimizer.apply_gradients([(grads, variable)]))
+                strategy.run(lambda: optimizer.apply_gradients([(tf.identity(grads), variable)]))
                 seen.append((variable.numpy(), optimizer._accumulated_gradients[0].numpy(),
                              int(optimizer.iterations.numpy())))
         return seen

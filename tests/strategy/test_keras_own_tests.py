@@ -24,9 +24,11 @@ EXTRA = [(str(KERAS_SRC / "callbacks" / "swap_ema_weights_test.py"), "tf_distrib
 # README, "Keras' own tests").
 CANNOT_PASS: dict[str, str] = {
     "optimizer_distribute_test.py::OptimizerDistributeTest::test_gradient_accumulation":
-        "it asserts that the accumulator holds one replica's share of the gradients between updates; "
-        "tf_glp sums the replicas first, so its accumulator holds their sum (what one device holds for "
-        "the same global batch). The weights after each step are stock's: "
+        "its gradient is one tensor object shared by both replicas, which TensorFlow's merge counts once "
+        "(Keras' test_ema relies on that). tf_glp sums the replicas before it accumulates, so it "
+        "accumulates that gradient once and moves the weights by it at the update; stock accumulates "
+        "per replica and sums at the update, counting it twice. With per-replica gradients, as in "
+        "training, tf_glp's weights are stock's after every step: "
         "test_drop_in.py::test_keras_gradient_accumulation_sequence.",
 }
 

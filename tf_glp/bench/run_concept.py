@@ -25,6 +25,7 @@ EVALUATIONS = 3  # held-out evaluations per run (at equal step intervals)
 
 # Concept name -> (what it is, whether it runs with one replica only).
 CONCEPTS = {
+    "plain-keras": ("plain Keras, no strategy (what most scripts run), the same global batch", True),
     "one-device": ("one device (OneDeviceStrategy), the same global batch", True),
     "mirrored-ring": ("synchronous all-reduce: MirroredStrategy, default (collective ring on CPUs)", False),
     "mirrored-host-reduce": ("centralised reduction: MirroredStrategy with ReductionToOneDevice('/cpu:0')", False),
@@ -44,6 +45,8 @@ def _strategy(concept: str, devices: list[str]):
 
     import tf_glp  # noqa: PLC0415
 
+    if concept == "plain-keras":
+        return tf.distribute.get_strategy()  # the default strategy: no tf.distribute at all
     if concept == "one-device":
         return tf.distribute.OneDeviceStrategy(devices[0])
     if concept == "mirrored-ring":

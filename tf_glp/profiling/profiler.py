@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
+import time
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -28,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_glp
+from tf_glp import _keras_compat
 from tf_glp import plan as plan_lib
 from tf_glp.layers import as_glp_layer, is_eligible
 from tf_glp.ops.concurrent import concurrent_conv2d, concurrent_matmul
@@ -178,6 +180,10 @@ def time_layers(jobs: Sequence[tuple[keras.layers.Layer, Sequence[int], str, Seq
     """Seconds of forward + backward (input and kernel gradients) of each
     job's core op, for each of its concurrencies, per trial.
 
+    Timed by tf.timestamp() inside the graph; under op determinism (which
+    refuses tf.timestamp()) by the host clock instead
+    (_rounds_timed_on_the_host).
+
     A job is (layer, input shape, dtype, concurrencies). Every candidate of
     every layer runs in one traced function, one after the other, each
     bracketed by tf.timestamp() and chained by control dependencies; a call
@@ -227,10 +233,13 @@ def time_layers(jobs: Sequence[tuple[keras.layers.Layer, Sequence[int], str, Seq
 
     rounds = []
     with _without_graph_optimizer():
-        for _ in range(WARMUP + trials):
-            rounds.append(one_round()[0].numpy())
-            if progress:
-                progress(1)
+        if _keras_compat.op_determinism_enabled():
+            rounds = _rounds_timed_on_the_host(timed, trials, progress)
+        else:
+            for _ in range(WARMUP + trials):
+                rounds.append(one_round()[0].numpy())
+                if progress:
+                    progress(1)
     rounds = rounds[WARMUP:]
     per_candidate = [[float(r[i]) for r in rounds] for i in range(len(timed))]
     out, at = [], 0
@@ -238,6 +247,42 @@ def time_layers(jobs: Sequence[tuple[keras.layers.Layer, Sequence[int], str, Seq
         out.append(per_candidate[at:at + len(concurrencies)])
         at += len(concurrencies)
     return out
+
+
+def _rounds_timed_on_the_host(timed, trials: int, progress) -> list[list[float]]:
+    """The rounds of time_layers under op determinism, where tf.timestamp()
+    refuses to run: each candidate in its own traced function, timed by the
+    host clock around a call that returns once the candidate's work is done
+    (one element of each output copied to the host, which also waits for a
+    GPU's kernels). Rounds still interleave the candidates. The call's
+    dispatch (tens of microseconds, the same for every candidate of a layer)
+    is counted too, which can only make a lane count look less of a gain:
+    the choice stays on the side of TensorFlow's kernel."""
+
+    def candidate_function(core, x, w, dy):
+        @tf.function(autograph=False)
+        def run():
+            with tf.GradientTape() as tape:
+                tape.watch([x, w])
+                y = core(x, w)
+            with tf.control_dependencies([y]):  # gradients after the forward op, as in training
+                done = [y, *tape.gradient(y, [x, w], output_gradients=dy)]
+            return [tf.reshape(t, [-1])[0] for t in done]
+        return run
+
+    functions = [candidate_function(*job) for job in timed]
+    rounds = []
+    for _ in range(WARMUP + trials):
+        durations = []
+        for run in functions:
+            start = time.perf_counter()
+            for value in run():
+                value.numpy()
+            durations.append(time.perf_counter() - start)
+        rounds.append(durations)
+        if progress:
+            progress(1)
+    return rounds
 
 
 def _spread(times: list[float]) -> float:

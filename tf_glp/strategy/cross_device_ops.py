@@ -141,11 +141,20 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
         self.host_device = host_device
         self.compression = compression
         self.chunk_plan = chunk_plan
-        # Set by a multi-worker strategy (multi_worker.py): sums a chunk's
-        # host results across the workers, one collective per chunk.
+        # Sums a chunk's host results across the workers, one collective per
+        # chunk (span_workers).
         self.across_workers: Callable[[list], list] | None = None
         self._gradient_scopes = 0
         self._lock = threading.Lock()
+
+    def span_workers(self, host_device: str, across_workers: Callable[[list], list]) -> None:
+        """Makes the reductions hierarchical (multi_worker.py): this worker's
+        host (`host_device`, in full) sums its replicas, then
+        `across_workers` sums the hosts' results (it has `num_workers`)."""
+        if self.across_workers is not None:
+            raise ValueError("HostCrossDeviceOps.span_workers: already spans workers")
+        self.host_device = host_device
+        self.across_workers = across_workers
 
     @property
     def _num_between_graph_workers(self) -> int:

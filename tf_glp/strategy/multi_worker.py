@@ -239,9 +239,8 @@ class CollectiveHostExtended(collective_lib.CollectiveAllReduceExtended):
         self._collective_ops = self._cross_device_ops
         # In full (with replica:0): TensorFlow compares device strings when it
         # decides whether a batch of values can share one collective.
-        host_ops.host_device = tf.DeviceSpec.from_string(f"{self._worker_device}/device:CPU:0").replace(
-            replica=0).to_string()
-        host_ops.across_workers = WorkerSum(self._host_cross_device_ops, self._num_workers, host_ops.host_device)
+        host_device = tf.DeviceSpec.from_string(f"{self._worker_device}/device:CPU:0").replace(replica=0).to_string()
+        host_ops.span_workers(host_device, WorkerSum(self._host_cross_device_ops, self._num_workers, host_device))
         self._cross_device_ops = host_ops
 
     def _initialize_local_devices(self, cluster_resolver, worker_device):
