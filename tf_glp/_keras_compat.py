@@ -186,6 +186,16 @@ def set_keras_variable_value(variable, value) -> None:
     variable._value = value  # noqa: SLF001
 
 
+def set_distributed_container(variable, container) -> None:
+    """Makes `container` (a mirrored variable) the distributed container of
+    `variable`, as TensorFlow does for the mirrored variable's own copies:
+    Keras' TFOptimizer._var_key then maps the variable to the container's
+    slots."""
+    import weakref  # noqa: PLC0415
+
+    variable._distributed_container = weakref.ref(container)  # noqa: SLF001
+
+
 def apply_loss_scaled(loss_scale_optimizer, grads, variables) -> None:
     """LossScaleOptimizer's step from cross-replica context: its
     backend-neutral apply (finite check, inner step or skip, scale update)."""

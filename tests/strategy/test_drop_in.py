@@ -299,3 +299,34 @@ def test_train_step_override(update):
     np.testing.assert_allclose(ours[0], reference[0], rtol=RTOL)
     for a, b in zip(ours[1], reference[1], strict=True):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("optimizer", ["Adam", "Nadam"])
+def test_host_copies_apart_from_the_replicas(optimizer, tmp_path):
+    """Replicas that do not include the host device (as GPUs do not): each
+    weight's host copy is then a separate host variable, refreshed from the
+    first replica at every step, so weights written past the optimizer (a
+    checkpoint restore writes the replicas' copies directly) are what the
+    next step starts from."""
+    devices = ["/cpu:1", "/cpu:2"]
+    x, y = _data((6, 6, 4))
+
+    def train(strategy):
+        keras.utils.set_random_seed(3)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((6, 6, 4)), L.Conv2D(4, 3), L.Flatten(), L.Dense(3)])
+            model.compile(optimizer=getattr(keras.optimizers, optimizer)(0.01), loss="mse")
+        checkpoint = tf.train.Checkpoint(model=model)
+        saved = checkpoint.save(str(tmp_path / f"{type(strategy).__name__}" / "ckpt"))
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        checkpoint.restore(saved)  # back to the initial weights, behind the optimizer's back
+        history = model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0).history
+        return history["loss"], [v.numpy() for v in model.weights + model.optimizer.variables]
+
+    strategy = tf_glp.Strategy(devices, update="host", chunking="none")
+    ours = train(strategy)
+    reference = train(tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice()))
+    np.testing.assert_allclose(ours[0], reference[0], rtol=RTOL)
+    for a, b in zip(ours[1], reference[1], strict=True):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+    assert strategy.extended._glp_masters  # the separate host copies were used

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_utils, mirrored_strategy
@@ -133,7 +132,7 @@ class HostUpdateExtended:
                     self._glp_creating_host_copy = False
                 # Keras finds a variable's slots through its container
                 # (TFOptimizer._var_key), as it does for the replica copies.
-                master._distributed_container = weakref.ref(variable)  # noqa: SLF001
+                _keras_compat.set_distributed_container(master, variable)
                 self._glp_masters[id(variable)] = master
                 return master
         if refresh:
