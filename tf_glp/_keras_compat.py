@@ -61,6 +61,10 @@ INTERNALS = {
      "_get_variable_creator_initial_value"): "overridden: initial values checked, then the chief's (multi_worker.py)",
     ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
      "_gather_to_implementation"): "overridden: gathers stay TensorFlow's (multi_worker.py)",
+    ("tensorflow.python.distribute", "distribute_lib", "_get_default_strategy"):
+        "whether a model trains without a strategy (is_default_strategy)",
+    ("tensorflow.python.framework", "config", "is_op_determinism_enabled"):
+        "whether op determinism is on (op_determinism_enabled)",
     ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
      "_in_multi_worker_mode"): "whether a strategy spans workers (in_multi_worker_mode)",
     ("tensorflow.python.distribute.cross_device_ops", "CrossDeviceOps", "_gather"):
@@ -200,6 +204,13 @@ def apply_loss_scaled(loss_scale_optimizer, grads, variables) -> None:
     """LossScaleOptimizer's step from cross-replica context: its
     backend-neutral apply (finite check, inner step or skip, scale update)."""
     loss_scale_optimizer._common_apply(grads, trainable_variables=variables)  # noqa: SLF001
+
+
+def is_default_strategy(strategy) -> bool:
+    """Whether `strategy` is TensorFlow's default one (no tf.distribute)."""
+    from tensorflow.python.distribute import distribute_lib  # noqa: PLC0415
+
+    return strategy is distribute_lib._get_default_strategy()  # noqa: SLF001
 
 
 def in_multi_worker_mode(strategy) -> bool:

@@ -54,10 +54,13 @@ class Plan:
     header: dict
     layers: list[LayerPlan]
     notes: list[str] = dataclasses.field(default_factory=list)  # e.g. the Strategy's chunking decision
+    # The optimizer step chosen at start-up (tf_glp.profiling.optimizer_step):
+    # {"optimizer_class", "choice": "native" | "fused", "reason", "native_ms", "fused_ms"}, or None.
+    optimizer: dict | None = None
 
     def to_json(self) -> dict:
         return {"header": self.header, "layers": [dataclasses.asdict(layer) for layer in self.layers],
-                "notes": self.notes}
+                "notes": self.notes, "optimizer": self.optimizer}
 
     @classmethod
     def from_json(cls, data: dict) -> Plan:
@@ -73,7 +76,13 @@ class Plan:
                 layer = LayerPlan(**entry)
                 _check_layer(layer)
                 layers.append(layer)
-            return cls(header=header, layers=layers, notes=[str(n) for n in data.get("notes", [])])
+            optimizer = data.get("optimizer")
+            if optimizer is not None and (not isinstance(optimizer, dict)
+                                          or optimizer.get("choice") not in ("native", "fused")):
+                raise TypeError(f"optimizer must be null or an object with choice 'native' or 'fused', "
+                                f"got {optimizer!r}")
+            return cls(header=header, layers=layers, notes=[str(n) for n in data.get("notes", [])],
+                       optimizer=optimizer)
         except (KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"not a tf_glp plan: {error!r}") from error
 
@@ -163,6 +172,10 @@ def table(plan: Plan) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
+    if plan.optimizer:
+        step = plan.optimizer
+        lines.append(f"optimizer step ({step['optimizer_class']}): Keras {step['native_ms']:.3f} ms, fused "
+                     f"{step['fused_ms']:.3f} ms -> {step['choice']} ({step['reason']})")
     return "\n".join(lines + [f"{note}" for note in plan.notes])
 
 

@@ -358,3 +358,80 @@ def test_works_under_op_determinism_and_the_reused_plan_repeats_bitwise(op_deter
     assert runs[0][1] == runs[1][1]
     for a, b in zip(runs[0][0].weights, runs[1][0].weights, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+_STRATEGIES = {
+    "none": tf.distribute.get_strategy,
+    "mirrored": lambda: tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
+                                                       cross_device_ops=tf.distribute.ReductionToOneDevice()),
+    "one_device": lambda: tf.distribute.OneDeviceStrategy("/cpu:0"),
+    "central_storage": lambda: tf.distribute.experimental.CentralStorageStrategy(["/cpu:0", "/cpu:1"]),
+    "tf_glp_host": lambda: tf_glp.Strategy(["/cpu:0", "/cpu:1"], update="host"),
+    "tf_glp_replicas": lambda: tf_glp.Strategy(["/cpu:0", "/cpu:1"], update="replicas"),
+}
+
+
+def _variant(kind):
+    """A model with one layer variant the profiler may not convert, and the
+    names of the layers it must profile."""
+    if kind in ("quantized", "lora"):
+        model = keras.Sequential([keras.Input((8, 8, 1)), L.Flatten(), L.Dense(16, name="variant"),
+                                  L.Dense(10, name="logits")])
+        if kind == "quantized":
+            model.get_layer("variant").quantize("int8")
+        else:
+            model.get_layer("variant").enable_lora(2)
+        return model
+    layer = {"channels_first": lambda: L.Conv2D(4, 3, data_format="channels_first", name="variant"),
+             "conv1d": lambda: L.Conv1D(4, 3, name="variant"),
+             "depthwise": lambda: L.DepthwiseConv2D(3, name="variant")}[kind]()
+    shape = {"channels_first": (1, 8, 8), "conv1d": (8, 8), "depthwise": (8, 8, 1)}[kind]
+    return keras.Sequential([keras.Input((8, 8, 1)), L.Reshape(shape), layer, L.Flatten(), L.Dense(10, name="logits")])
+
+
+def _without_dropout():
+    # (Stock CentralStorageStrategy cannot train Dropout at all.)
+    return keras.Sequential([keras.Input((8, 8, 1)), L.Conv2D(4, 3, activation="relu", name="conv"), L.Flatten(),
+                             L.Dense(16, activation="relu", name="hidden"), L.Dense(10, name="logits")])
+
+
+@pytest.mark.parametrize("strategy", sorted(_STRATEGIES))
+def test_works_under_every_strategy(strategy, tmp_path):
+    path = str(tmp_path / "plan.json")
+    model, losses = _train(_without_dropout, [ConcurrencyProfiler(trials=1, plan_path=path, verbose=0, batch_size=32)],
+                           strategy=_STRATEGIES[strategy](), epochs=1)
+    assert np.all(np.isfinite(losses))
+    assert [layer.name for layer in plan_lib.read(path).layers] == ["conv", "hidden", "logits"]
+
+
+@pytest.mark.parametrize("kind", ["quantized", "lora", "channels_first", "conv1d", "depthwise"])
+def test_layer_variants_train_and_are_left_alone_when_not_eligible(kind, tmp_path):
+    path = str(tmp_path / "plan.json")
+    keras.utils.set_random_seed(3)
+    plain = _variant(kind)
+    plain.compile(optimizer=keras.optimizers.Adam(1e-2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    expected = plain.fit(*_data(), batch_size=32, epochs=1, verbose=0).history["loss"]
+    keras.utils.set_random_seed(3)
+    model = _variant(kind)
+    model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    losses = model.fit(*_data(), batch_size=32, epochs=1, verbose=0,
+                       callbacks=[ConcurrencyProfiler(trials=1, plan_path=path, verbose=0, batch_size=32)]
+                       ).history["loss"]
+    np.testing.assert_allclose(losses, expected, rtol=1e-4)
+    assert "logits" in [layer.name for layer in plan_lib.read(path).layers]
+
+
+@pytest.mark.parametrize("fit_arguments", [{"steps_per_execution": 2}, {"initial_epoch": 1}], ids=str)
+def test_steps_per_execution_and_initial_epoch(fit_arguments, tmp_path):
+    x, y = _data()
+    keras.utils.set_random_seed(3)
+    model = _sequential()
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  steps_per_execution=fit_arguments.get("steps_per_execution", 1))
+    history = model.fit(x, y, batch_size=32, epochs=2, verbose=0, initial_epoch=fit_arguments.get("initial_epoch", 0),
+                        callbacks=[ConcurrencyProfiler(trials=1, plan_path=str(tmp_path / "p.json"), verbose=0,
+                                                       batch_size=32)])
+    assert np.all(np.isfinite(history.history["loss"]))
+    assert len(history.history["loss"]) == 2 - fit_arguments.get("initial_epoch", 0)

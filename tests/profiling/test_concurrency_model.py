@@ -143,3 +143,24 @@ def test_choice_needs_a_clear_speedup_and_prefers_fewer_lanes(timings, choice):
 def test_choice_reasons_name_the_rule():
     assert "needs 2.0x" in profiler.choose(_candidates((0.39, 0.01), (0.30, 0.01)))[1]
     assert profiler.choose(_candidates((0.30, 0.01), (0.35, 0.01)))[1] == "fastest (0.300 ms)"
+
+
+def test_the_model_and_the_plan_are_pure_python():
+    # What the docstrings promise: planning code loads without TensorFlow.
+    import subprocess
+    import sys
+
+    code = ("import sys; import tf_glp.profiling.concurrency_model, tf_glp.profiling.gpu_device, tf_glp.plan; "
+            "print('tensorflow' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
+        == "False"
+
+
+def test_the_lane_limit_is_the_native_cores():
+    import pathlib
+    import re
+
+    from tf_glp._limits import MAX_CONCURRENCY
+
+    header = (pathlib.Path(__file__).parents[2] / "cc" / "core" / "lane_pool.h").read_text()
+    assert int(re.search(r"kMaxLanes = (\d+);", header).group(1)) == MAX_CONCURRENCY

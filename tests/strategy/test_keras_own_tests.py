@@ -18,7 +18,8 @@ KERAS_SRC = pathlib.Path(keras.__file__).parent / "src"
 # keras/src/backend/tensorflow/*distribute*_test.py the installed Keras has)
 # and the distribution case of the EMA-swapping callback's tests.
 FILES = sorted(str(p) for p in (KERAS_SRC / "backend" / "tensorflow").glob("*distribute*_test.py"))
-EXTRA = [(str(KERAS_SRC / "callbacks" / "swap_ema_weights_test.py"), "tf_distribute")]
+EXTRA = [str(KERAS_SRC / "callbacks" / "swap_ema_weights_test.py")
+         + "::SwapEMAWeightsTest::test_swap_ema_weights_with_tf_distribute"]
 
 # Tests that cannot pass with tf_glp.Strategy, with the reason (also in the
 # README, "Keras' own tests").
@@ -39,22 +40,20 @@ def _run(update: str, tmp_path) -> dict[str, str]:
     env = dict(os.environ, TF_GLP_KERAS_TESTS_UPDATE=update, KERAS_BACKEND="tensorflow",
                PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     outcomes = {}
-    for target, selection in [(f, None) for f in FILES] + EXTRA:
-        args = [sys.executable, "-m", "pytest", "-q", "-p", "keras_tests_plugin", "-p", "no:cacheprovider",
-                f"--junitxml={report}", "--rootdir", str(KERAS_SRC), target]
-        if selection:
-            args += ["-k", selection]
-        result = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-        assert report.exists(), result.stdout[-3000:] + result.stderr[-3000:]
-        for case in ElementTree.parse(report).getroot().iter("testcase"):
-            name = f"{pathlib.Path(target).name}::{case.get('classname').split('.')[-1]}::{case.get('name')}"
-            if case.find("skipped") is not None:
-                outcomes[name] = "skipped"
-            elif case.find("failure") is not None or case.find("error") is not None:
-                detail = (case.find("failure") if case.find("failure") is not None else case.find("error"))
-                outcomes[name] = "failed: " + (detail.get("message") or "")[:300]
-            else:
-                outcomes[name] = "passed"
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "keras_tests_plugin", "-p", "no:cacheprovider",
+            f"--junitxml={report}", "--rootdir", str(KERAS_SRC), *FILES, *EXTRA]
+    result = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert report.exists(), result.stdout[-3000:] + result.stderr[-3000:]
+    for case in ElementTree.parse(report).getroot().iter("testcase"):
+        module = case.get("classname").rsplit(".", 1)[0].rsplit(".", 1)[-1]
+        name = f"{module}.py::{case.get('classname').split('.')[-1]}::{case.get('name')}"
+        if case.find("skipped") is not None:
+            outcomes[name] = "skipped"
+        elif case.find("failure") is not None or case.find("error") is not None:
+            detail = case.find("failure") if case.find("failure") is not None else case.find("error")
+            outcomes[name] = "failed: " + (detail.get("message") or "")[:300]
+        else:
+            outcomes[name] = "passed"
     return outcomes
 
 

@@ -8,7 +8,7 @@ import keras
 import tensorflow as tf
 
 from tf_glp import plan as plan_lib
-from tf_glp.profiling import profiler
+from tf_glp.profiling import optimizer_step, profiler
 
 _KERAS_DEFAULT_BATCH = 32
 
@@ -41,6 +41,11 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         strip_path: If set, at the end of training the model is saved there
             with plain Keras layers (tf_glp.layers.strip), for a machine
             without tf_glp.
+        optimizer_step: Also choose the optimizer's step (without a
+            tf.distribute strategy, on the CPU, for SGD / Adam / AdamW):
+            Keras' update or tf_glp's fused native one, whichever measures
+            faster on the model's shapes; both compute the same numbers
+            (tf_glp.profiling.optimizer_step). Recorded in the plan.
 
     Example:
         >>> model.fit(x, y, batch_size=64,
@@ -49,7 +54,7 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
 
     def __init__(self, candidates="auto", trials: int = 5, plan_path: str | None = "glp_plan.json",
                  log_dir: str | None = None, convert: bool = True, verbose: int = 1,
-                 batch_size: int | None = None, strip_path: str | None = None):
+                 batch_size: int | None = None, strip_path: str | None = None, optimizer_step: bool = True):
         super().__init__()
         if candidates != "auto" and (not isinstance(candidates, (list, tuple)) or not all(
                 isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in candidates)):
@@ -72,6 +77,8 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         self.verbose = verbose
         self.batch_size = batch_size
         self.strip_path = strip_path
+        self.optimizer_step = optimizer_step
+        self._step: dict | None = None
         self.plan: plan_lib.Plan | None = None
         self.reused = False
         self._writes = True
@@ -93,6 +100,10 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
             return
         layers = profiler.profilable(profiler.eligible_layers(self.model, self.convert))
         if not layers:
+            if self._choose_optimizer_step():
+                self.model.make_train_function(force=True)
+            if self._step and self.verbose:
+                print(f"tf_glp: {plan_lib.table(plan_lib.Plan(header={}, layers=[], optimizer=self._step))}")
             return
         # Profile outside any replica context, on the first device. Across
         # workers only the chief writes the plan, and every worker runs the
@@ -105,7 +116,9 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         if hasattr(extended, "agree_with_the_chief"):
             self._take_the_chiefs_choices(extended.agree_with_the_chief)
         self._record_strategy()
-        if profiler.apply_plan(layers, self.plan):
+        changed = profiler.apply_plan(layers, self.plan)
+        changed = self._choose_optimizer_step() or changed
+        if changed:
             # fit() made its step functions before this hook but has not
             # traced them yet: new ones trace the new kernels, at no extra cost.
             self.model.make_train_function(force=True)
@@ -116,6 +129,30 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
             print(f"tf_glp concurrency plan ({source}):\n{plan_lib.table(self.plan)}")
         if self.log_dir:
             write_summaries(self.plan, self.log_dir)
+
+    def _choose_optimizer_step(self) -> bool:
+        """Keras' update or the fused native one, whichever measures faster
+        (tf_glp.profiling.optimizer_step), recorded in the plan; reused from
+        a matching plan. True if the optimizer's step changed."""
+        ok, _ = optimizer_step.eligible(self.model)
+        if not (ok and self.optimizer_step):
+            return False
+        optimizer = self.model.optimizer
+        stored = self.plan.optimizer if self.plan is not None else None
+        if self.reused and stored and stored.get("optimizer_class") == type(optimizer).__name__:
+            self._step = stored
+        else:
+            native, fused = optimizer_step.time_updates(optimizer, self.model.trainable_variables, self.trials)
+            self._step = optimizer_step.record(optimizer, native, fused)
+            if self.plan is not None:
+                self.plan.optimizer = self._step
+                if self.plan_path and self._writes:
+                    plan_lib.write(self.plan, self.plan_path)
+        fused = self._step["choice"] == "fused"
+        if fused == bool(getattr(optimizer, optimizer_step.FUSED_FLAG, False)):
+            return False
+        optimizer_step.use_fused_update(optimizer, fused)
+        return True
 
     def _take_the_chiefs_choices(self, agree) -> None:
         """Every worker runs the chief's plan: the same kernels, so the

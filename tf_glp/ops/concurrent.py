@@ -22,9 +22,8 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tf_glp import _native
+from tf_glp._limits import MAX_CONCURRENCY
 from tf_glp.ops._common import invalid
-
-MAX_CONCURRENCY = 64  # core::kMaxLanes in cc/core/lane_pool.h
 
 
 def check_concurrency(concurrency: int, op_name: str = "concurrency") -> int:

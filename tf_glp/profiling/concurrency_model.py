@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from tf_glp.ops.concurrent import MAX_CONCURRENCY
+from tf_glp._limits import MAX_CONCURRENCY
 from tf_glp.profiling.gpu_device import GpuDescription, KernelLaunch
 
 

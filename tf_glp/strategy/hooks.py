@@ -17,7 +17,8 @@ tf_glp.Strategy:
   cross-replica context of a tf_glp.Strategy, where that step runs, it calls
   the function directly instead of failing for want of a replica context.
 - TFOptimizer._backend_update_step: the fused host update (update="host",
-  SGD / Adam / AdamW).
+  SGD / Adam / AdamW; and without a strategy where the start-up profiler
+  chose it, tf_glp.profiling.optimizer_step).
 - TFOptimizer._apply_weight_decay: skipped when the fused update applies it.
 - Trainer.compile: jit_compile="auto" becomes False (the host ops run
   outside XLA); jit_compile=True is refused with a clear message. (Patched
@@ -43,6 +44,7 @@ import keras
 import tensorflow as tf
 
 from tf_glp import _keras_compat
+from tf_glp.ops import FusedKerasUpdate
 from tf_glp.strategy import chunking_decision
 
 _installed = False
@@ -109,6 +111,14 @@ def _install_merge_call_hook() -> None:
     _wrap(_MERGE_CALL, "maybe_merge_call", maybe_merge_call)
 
 
+def _fused_without_strategy(optimizer) -> bool:
+    """Whether the start-up profiler chose the fused update for this
+    optimizer (tf_glp.profiling.optimizer_step), trained without a strategy."""
+    from tf_glp.profiling.optimizer_step import FUSED_FLAG  # noqa: PLC0415
+
+    return getattr(optimizer, FUSED_FLAG, False) and not tf.distribute.has_strategy()
+
+
 def _install_optimizer_hooks() -> None:
     def apply(original):
         def apply(self, grads, trainable_variables=None):
@@ -122,6 +132,14 @@ def _install_optimizer_hooks() -> None:
         def _backend_update_step(self, grads, trainable_variables, learning_rate):
             strategy = _glp_strategy(self)
             if strategy is None:
+                if _fused_without_strategy(self):
+                    if not any(isinstance(g, tf.IndexedSlices) for g in grads):
+                        FusedKerasUpdate(self, update_step_only=True).apply(
+                            [[g] for g in grads], trainable_variables, increment_iterations=False)
+                        return None
+                    # Sparse gradients: Keras' own update, with the weight
+                    # decay the hook below skipped.
+                    _keras_compat.apply_weight_decay_to_copy(self, trainable_variables)
                 return original(self, grads, trainable_variables, learning_rate)
             if strategy._apply_update(self, grads, trainable_variables):
                 return None
@@ -132,7 +150,8 @@ def _install_optimizer_hooks() -> None:
     def apply_weight_decay(original):
         def _apply_weight_decay(self, variables):
             strategy = _glp_strategy(self)
-            if strategy is not None and strategy._fusing_now(self, variables):
+            if (strategy is not None and strategy._fusing_now(self, variables)) or (
+                    strategy is None and _fused_without_strategy(self)):
                 return None  # the fused update applies it, with the same learning rate
             return original(self, variables)
         return _apply_weight_decay

@@ -1,0 +1,125 @@
+"""The optimizer step chosen at start-up (tf_glp/profiling/optimizer_step.py):
+the choice rule, the fused step bitwise equal to Keras' own (arithmetic
+optimizer off, as the host-engine tests), the plan entry and its reuse, and
+Keras' update kept where the fused one does not apply."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_glp
+from tf_glp import plan as plan_lib
+from tf_glp.callbacks import ConcurrencyProfiler
+from tf_glp.profiling import optimizer_step, profiler
+
+L = keras.layers
+
+
+def test_choose():
+    assert optimizer_step.choose([10.0, 10.2, 9.9, 10.1], [5.0, 5.1, 4.9, 5.2])[0] == "fused"
+    assert optimizer_step.choose([10.0, 10.2, 9.9, 10.1], [9.8, 9.9, 9.7, 9.9])[0] == "native"  # under 5%
+    # faster median, but the spreads overlap
+    assert optimizer_step.choose([10.0, 14.0, 6.0, 10.0], [8.0, 12.0, 5.0, 9.0])[0] == "native"
+
+
+@pytest.fixture
+def exact_arithmetic():
+    before = tf.config.optimizer.get_experimental_options().get("arithmetic_optimization", True)
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+    yield
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": before})
+
+
+def _train(optimizer, callbacks, epochs=2, dtype=None):
+    rng = np.random.default_rng(0)
+    x, y = rng.random((96, 12), dtype=np.float32), rng.integers(0, 3, 96)
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential([keras.Input((12,)),
+                              L.Dense(16, activation="relu", kernel_constraint=keras.constraints.MaxNorm(1.0),
+                                      dtype=dtype),
+                              L.Dense(3, dtype=dtype)])
+    model.compile(optimizer=optimizer(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(x, y, batch_size=32, epochs=epochs, verbose=0, callbacks=callbacks).history
+    return model, history["loss"]
+
+
+OPTIMIZERS = {
+    "adam": lambda: keras.optimizers.Adam(1e-2),
+    "adamw_ema": lambda: keras.optimizers.AdamW(1e-2, weight_decay=0.05, use_ema=True),
+    "sgd_nesterov": lambda: keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True),
+    "sgd_clipnorm": lambda: keras.optimizers.SGD(0.05, clipnorm=0.1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_fused_choice_trains_bitwise_like_keras(name, exact_arithmetic, monkeypatch, tmp_path):
+    reference, reference_loss = _train(OPTIMIZERS[name], [])
+    monkeypatch.setattr(optimizer_step, "choose", lambda native, fused: ("fused", "forced by the test"))
+    # The layers keep TensorFlow's kernels (lanes compute the same to float32
+    # rounding, not bitwise): this compares the optimizer step alone.
+    monkeypatch.setattr(profiler, "choose", lambda candidates: (None, "forced by the test"))
+    calls = []
+    original = tf_glp.ops.FusedKerasUpdate.apply
+    monkeypatch.setattr(tf_glp.ops.FusedKerasUpdate, "apply", lambda self, *a, **k: calls.append(1) or original(
+        self, *a, **k))
+    path = str(tmp_path / "plan.json")
+    model, loss = _train(OPTIMIZERS[name], [ConcurrencyProfiler(trials=1, plan_path=path, verbose=0, batch_size=32)])
+    assert calls  # the fused update ran
+    assert loss == reference_loss
+    for a, b in zip(model.weights + model.optimizer.variables, reference.weights + reference.optimizer.variables,
+                    strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=b.path)
+    entry = plan_lib.read(path).optimizer
+    assert entry["choice"] == "fused" and entry["native_ms"] > 0 and entry["fused_ms"] > 0
+    assert "optimizer step" in plan_lib.table(plan_lib.read(path))
+
+
+def test_a_matching_plan_is_reused_without_timing(monkeypatch, tmp_path):
+    path = str(tmp_path / "plan.json")
+    _train(OPTIMIZERS["adam"], [ConcurrencyProfiler(trials=1, plan_path=path, verbose=0, batch_size=32)], epochs=1)
+    stored = plan_lib.read(path).optimizer
+    assert stored["optimizer_class"] == "Adam"
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("timed again although the plan matches")
+
+    monkeypatch.setattr(optimizer_step, "time_updates", no_timing)
+    callback = ConcurrencyProfiler(trials=1, plan_path=path, verbose=0, batch_size=32)
+    model, _ = _train(OPTIMIZERS["adam"], [callback], epochs=1)
+    assert callback.reused
+    assert bool(getattr(model.optimizer, optimizer_step.FUSED_FLAG, False)) == (stored["choice"] == "fused")
+
+
+@pytest.mark.parametrize("case", ["rmsprop", "strategy", "float64", "off"])
+def test_keras_update_stays_where_the_fused_one_does_not_apply(case, monkeypatch):
+    monkeypatch.setattr(optimizer_step, "choose", lambda native, fused: ("fused", "forced by the test"))
+    calls = []
+    original = tf_glp.ops.FusedKerasUpdate.apply
+    monkeypatch.setattr(tf_glp.ops.FusedKerasUpdate, "apply", lambda self, *a, **k: calls.append(1) or original(
+        self, *a, **k))
+    optimizer = (lambda: keras.optimizers.RMSprop(1e-2)) if case == "rmsprop" else OPTIMIZERS["adam"]
+    callback = ConcurrencyProfiler(trials=1, plan_path=None, verbose=0, batch_size=32,
+                                   optimizer_step=case != "off")
+    if case == "strategy":
+        with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+            model, loss = _train(optimizer, [callback], epochs=1)
+    elif case == "float64":
+        model, loss = _train(optimizer, [callback], epochs=1, dtype="float64")
+    else:
+        model, loss = _train(optimizer, [callback], epochs=1)
+    assert np.all(np.isfinite(loss))
+    assert not calls and not getattr(model.optimizer, optimizer_step.FUSED_FLAG, False)
+    ok, why = optimizer_step.eligible(model)
+    if case != "off":
+        assert not ok and why
+
+
+def test_plan_entry_round_trip_and_bad_entries(tmp_path):
+    plan = plan_lib.Plan(header={"schema": 1}, layers=[], optimizer={
+        "optimizer_class": "Adam", "choice": "fused", "reason": "r", "native_ms": 2.0, "fused_ms": 1.0})
+    path = str(tmp_path / "p.json")
+    plan_lib.write(plan, path)
+    assert plan_lib.read(path).optimizer == plan.optimizer
+    with pytest.raises(ValueError, match="optimizer must be null"):
+        plan_lib.Plan.from_json({"header": {}, "layers": [], "optimizer": {"choice": "magic"}})

@@ -1,0 +1,135 @@
+"""The optimizer step chosen at start-up: Keras' own update or tf_glp's fused
+native one (SGD, momentum, Adam, AdamW), measured on the model's variable
+shapes before the first step, for a model trained without a tf.distribute
+strategy on the CPU.
+
+Both compute the same numbers (FusedKerasUpdate follows Keras' float32
+operations), so the choice only changes the speed. The fused update runs
+inside Keras' own `apply` (clipping, EMA, constraints and the step counter
+stay Keras'), through the `_backend_update_step` hook of
+tf_glp.strategy.hooks; `use_fused_update` turns it on for one optimizer.
+
+Timing: a copy of the optimizer (from its config) on scratch variables of
+the model's shapes (the model and its optimizer are not touched), both
+updates traced once, then timed by the host clock in interleaved rounds; a
+round's call returns once the update has written the variables.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_glp import _keras_compat
+from tf_glp.ops import supports_fused_update
+
+# At most this many parameters are updated per timed step: the cost per
+# parameter is what decides, and a copy of a huge model's state would cost
+# memory the user did not ask for.
+MAX_TIMED_PARAMETERS = 8_000_000
+# The fused update is chosen when its median is at least this much faster
+# and the two interquartile ranges do not overlap.
+MIN_GAIN = 1.05
+FUSED_FLAG = "_tf_glp_fused_update"
+
+
+def eligible(model: keras.Model) -> tuple[bool, str]:
+    """Whether the optimizer step can be chosen for this model, and why not."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return False, "the model has no optimizer"
+    if tf.distribute.has_strategy() or not _keras_compat.is_default_strategy(model.distribute_strategy):
+        return False, "under a tf.distribute strategy (tf_glp.Strategy fuses the host update itself)"
+    if tf.config.list_logical_devices("GPU"):
+        return False, "a GPU holds the variables"
+    ok, why = supports_fused_update(optimizer, update_step_only=True)
+    if not ok:
+        return False, why
+    if any(v.dtype != "float32" for v in model.trainable_variables):
+        return False, "not every trainable variable is float32"
+    if not model.trainable_variables:
+        return False, "no trainable variables"
+    return True, ""
+
+
+def use_fused_update(optimizer, fused: bool = True) -> None:
+    """Runs `optimizer`'s update through the fused native ops (outside any
+    tf.distribute strategy), from the next traced step on."""
+    from tf_glp.strategy import hooks  # noqa: PLC0415 (installs Keras hooks)
+
+    hooks.install()
+    setattr(optimizer, FUSED_FLAG, bool(fused))
+
+
+def _timed_shapes(variables) -> list[tuple[int, ...]]:
+    shapes, total = [], 0
+    for variable in sorted(variables, key=lambda v: -int(np.prod(v.shape))):
+        size = int(np.prod(variable.shape))
+        if shapes and total + size > MAX_TIMED_PARAMETERS:
+            continue
+        shapes.append(tuple(int(d) for d in variable.shape))
+        total += size
+    return shapes
+
+
+def time_updates(optimizer, variables, trials: int = 5) -> tuple[list[float], list[float]]:
+    """Seconds of one step of Keras' update and of the fused one, per trial,
+    on scratch variables of these variables' shapes."""
+    from tf_glp.strategy import hooks  # noqa: PLC0415
+
+    hooks.install()
+    rng = np.random.default_rng(0)  # local: the global generators stay untouched
+    shapes = _timed_shapes(variables)
+    scratch = [keras.Variable(rng.random(shape, dtype=np.float32) - 0.5, name=f"scratch_{i}")
+               for i, shape in enumerate(shapes)]
+    grads = [tf.constant(rng.random(shape, dtype=np.float32) - 0.5) for shape in shapes]
+    copy = type(optimizer).from_config(optimizer.get_config())
+    copy.build(scratch)
+
+    def step_function(fused: bool):
+        @tf.function(autograph=False)
+        def step():
+            setattr(copy, FUSED_FLAG, fused)  # read while tracing
+            copy.apply(grads, scratch)
+            return tf.reshape(scratch[0].value, [-1])[0]
+        return step
+
+    steps = {"native": step_function(False), "fused": step_function(True)}
+    times = {"native": [], "fused": []}
+    for index in range(1 + trials):  # one untimed round: tracing and warm-up
+        for name in (("native", "fused") if index % 2 == 0 else ("fused", "native")):
+            start = time.perf_counter()
+            steps[name]().numpy()
+            if index:
+                times[name].append(time.perf_counter() - start)
+    setattr(copy, FUSED_FLAG, False)
+    return times["native"], times["fused"]
+
+
+def _quartiles(times: list[float]) -> tuple[float, float, float]:
+    if len(times) < 2:
+        return times[0], times[0], times[0]
+    low, median, high = statistics.quantiles(times, n=4)
+    return low, statistics.median(times), high
+
+
+def choose(native: list[float], fused: list[float]) -> tuple[str, str]:
+    """("fused" | "native", why): fused when its median is at least MIN_GAIN
+    times faster and the interquartile ranges do not overlap."""
+    native_low, native_median, _ = _quartiles(native)
+    _, fused_median, fused_high = _quartiles(fused)
+    gain = native_median / fused_median if fused_median > 0 else 1.0
+    if gain >= MIN_GAIN and fused_high < native_low:
+        return "fused", f"{gain:.2f}x faster than Keras' update"
+    return "native", f"the fused update measured {gain:.2f}x (needs {MIN_GAIN}x, outside the spread)"
+
+
+def record(optimizer, native: list[float], fused: list[float]) -> dict:
+    """The plan's optimizer entry for these timings."""
+    choice, reason = choose(native, fused)
+    return {"optimizer_class": type(optimizer).__name__, "choice": choice, "reason": reason,
+            "native_ms": 1e3 * statistics.median(native), "fused_ms": 1e3 * statistics.median(fused)}
