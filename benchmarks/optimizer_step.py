@@ -7,7 +7,9 @@ ConcurrencyProfiler (profiling, and reusing its plan).
 
 Model: 1024 -> 4096 -> 4096 -> 10 (21 M parameters), batch 32, Adam and SGD.
 Inside one process: for each variant the first epoch as the user waits for
-it (build, compile and a fit of FIRST_STEPS steps, callback included), then
+it (build, compile and a fit of one epoch of FIRST_STEPS steps, the
+callback's profiling included: about 2.4 s for this model, so epochs under
+about 80 steps end later than plain Keras' while longer ones end sooner), then
 ROUNDS interleaved rounds of ROUND_STEPS steps per variant (timed between
 batch ends), reported as the fastest round with the median and the spread
 (max - min, % of the median): this machine alternates between a fast and a
@@ -28,7 +30,7 @@ import time
 
 from results_file import append_section
 
-FIRST_STEPS = 20
+FIRST_STEPS = 160  # one epoch of 5120 samples
 ROUNDS = 8
 ROUND_STEPS = 10
 
@@ -46,8 +48,8 @@ def main() -> None:
     from tf_glp.callbacks import ConcurrencyProfiler  # noqa: PLC0415
 
     rng = np.random.default_rng(0)
-    x = rng.random((32 * 64, 1024), dtype=np.float32)
-    y = rng.integers(0, 10, 32 * 64)
+    x = rng.random((32 * FIRST_STEPS, 1024), dtype=np.float32)
+    y = rng.integers(0, 10, 32 * FIRST_STEPS)
     folder = tempfile.mkdtemp()
 
     class StepClock(keras.callbacks.Callback):

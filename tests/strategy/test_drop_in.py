@@ -82,7 +82,7 @@ def _data(input_shape, n=32, seed=0):
     return rng.standard_normal((n, *input_shape)).astype(np.float32), rng.standard_normal((n, 3)).astype(np.float32)
 
 
-def _train(strategy, make_layers, optimizer, input_shape=(6, 6, 4), epochs=2):
+def _train(strategy, make_layers, optimizer, input_shape=(6, 6, 4), epochs=1):
     x, y = _data(input_shape)
     keras.utils.set_random_seed(3)
     with strategy.scope():
@@ -92,8 +92,37 @@ def _train(strategy, make_layers, optimizer, input_shape=(6, 6, 4), epochs=2):
     return model, history
 
 
+_REFERENCES: dict = {}
+
+
+def _reference(key, train):
+    """Stock MirroredStrategy's run, once per case for both modes."""
+    if key not in _REFERENCES:
+        model, history = train()
+        _REFERENCES[key] = (_Snapshot(model), history)
+    return _REFERENCES[key]
+
+
+class _Snapshot:
+    """A trained model's weights and optimizer variables, as numpy arrays."""
+
+    def __init__(self, model):
+        self.weights = [_Value(v) for v in model.weights]
+        self.optimizer = type("Optimizer", (), {"variables": [_Value(v) for v in model.optimizer.variables]})()
+
+
+class _Value:
+    def __init__(self, variable):
+        self.path, self.value = variable.path, variable.numpy()
+
+    def numpy(self):
+        return self.value
+
+
 def _assert_same(ours, reference, what):
     (model, history), (ref_model, ref_history) = ours, reference
+    assert len(model.weights) == len(ref_model.weights) and len(model.optimizer.variables) == len(
+        ref_model.optimizer.variables), what
     np.testing.assert_allclose(history["loss"], ref_history["loss"], rtol=RTOL, err_msg=f"{what}: loss")
     for a, b in zip(model.weights, ref_model.weights, strict=True):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=RTOL, atol=ATOL, err_msg=f"{what}: {b.path}")
@@ -123,7 +152,7 @@ def test_every_keras_optimizer(name, update, fused_calls):
     def layers():
         return [L.Conv2D(4, 3, activation="relu"), L.BatchNormalization()]
 
-    reference = _train(mirrored(), layers, lambda: _make_optimizer(name))
+    reference = _reference(("optimizer", name), lambda: _train(mirrored(), layers, lambda: _make_optimizer(name)))
     ours = _train(glp(update), layers, lambda: _make_optimizer(name))
     _assert_same(ours, reference, name)
     fusable = name in ("SGD", "Adam", "AdamW", "LossScaleOptimizer", "MultiOptimizer")  # these wrap Adam / SGD
@@ -139,7 +168,7 @@ def test_every_keras_constraint(name, update, fused_calls):
         return [L.Conv2D(4, 3, kernel_constraint=constraint(), bias_constraint=constraint()),
                 L.Dense(5, kernel_constraint=constraint())]
 
-    reference = _train(mirrored(), layers, lambda: keras.optimizers.Adam(0.05))
+    reference = _reference(("constraint", name), lambda: _train(mirrored(), layers, lambda: keras.optimizers.Adam(0.05)))
     ours = _train(glp(update), layers, lambda: keras.optimizers.Adam(0.05))
     _assert_same(ours, reference, name)
     assert bool(fused_calls) == (update == "host")  # constraints no longer keep the fused update out
@@ -157,7 +186,8 @@ def test_every_keras_convolution(case, update):
             return [cls(kernel_size=2, **extra)]
         return [cls(4, kernel_size=2, **extra)]
 
-    reference = _train(mirrored(), layers, lambda: keras.optimizers.Adam(0.01), input_shape, epochs=1)
+    reference = _reference(("convolution", case), lambda: _train(mirrored(), layers, lambda: keras.optimizers.Adam(0.01),
+                                                                 input_shape, epochs=1))
     ours = _train(glp(update), layers, lambda: keras.optimizers.Adam(0.01), input_shape, epochs=1)
     _assert_same(ours, reference, case)
 
