@@ -360,3 +360,31 @@ def test_host_copies_apart_from_the_replicas(optimizer, tmp_path):
     for a, b in zip(ours[1], reference[1], strict=True):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
     assert strategy.extended._glp_masters  # the separate host copies were used
+
+
+def test_separate_host_copies_are_refreshed_in_every_step():
+    """The same traced step, called again after the replicas' copies were
+    written directly (as a checkpoint restore writes them): the update
+    starts from what the replicas hold, as under stock MirroredStrategy."""
+    devices = ["/cpu:1", "/cpu:2"]
+
+    def run(strategy):
+        with strategy.scope():
+            variable = keras.Variable(np.ones((3, 2), np.float32))
+            optimizer = keras.optimizers.SGD(0.5)
+
+        @tf.function
+        def step():
+            strategy.run(lambda: optimizer.apply_gradients([(tf.ones((3, 2)) * 0.1, variable)]))
+
+        step()
+        for copy in variable.value.values:  # behind the optimizer's back
+            copy.assign(np.full((3, 2), 4.0, np.float32))
+        step()
+        return [copy.numpy() for copy in variable.value.values]
+
+    ours = run(tf_glp.Strategy(devices, update="host", chunking="none"))
+    reference = run(tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice()))
+    for a, b in zip(ours, reference, strict=True):
+        np.testing.assert_allclose(a, b, rtol=RTOL)
+    np.testing.assert_allclose(ours[0], 4.0 - 0.5 * 0.2, rtol=RTOL)

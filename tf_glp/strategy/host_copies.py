@@ -134,7 +134,8 @@ class HostUpdateExtended:
                 # (TFOptimizer._var_key), as it does for the replica copies.
                 _keras_compat.set_distributed_container(master, variable)
                 self._glp_masters[id(variable)] = master
-                return master
+        # (Also right after creation: the creation ran eagerly, the refresh
+        # is part of the step being built, so every step of it refreshes.)
         if refresh:
             master.assign(variable.values[0].read_value())
         return master
@@ -157,11 +158,19 @@ class HostUpdateExtended:
         is (it points at its host copy during the step), a raw trainable
         mirrored tf.Variable its host copy, queued for the copy to the
         replicas."""
-        if self.has_host_copy(variable):
-            if self._glp_pending is not None:
-                self._glp_pending.append(variable)
-            return self.host_copy(variable, refresh=self._glp_pending is None)
-        return variable
+        return self._write_target(variable) if self.has_host_copy(variable) else variable
+
+    def _write_target(self, variable):
+        """The host copy a write to this trainable mirrored variable goes
+        to. Inside a host update it is queued for the copy to the replicas
+        (and a separate host copy refreshed the first time it is met);
+        outside, refreshed."""
+        if self._glp_pending is None:
+            return self.host_copy(variable)
+        first_time = all(queued is not variable for queued in self._glp_pending)
+        if first_time:
+            self._glp_pending.append(variable)
+        return self.host_copy(variable, refresh=first_time)
 
     @contextlib.contextmanager
     def host_update(self, keras_variables):
@@ -197,7 +206,7 @@ class HostUpdateExtended:
         if isinstance(var, values_lib.DistributedVariable):
             if not self.has_host_copy(var):
                 return super()._update(var, fn, args, kwargs, group)
-            target = self.host_copy(var, refresh=self._glp_pending is None)
+            target = self._write_target(var)
             index = self._host_index(var) or 0
         else:
             target, index = var, (self._host_index_of_device(var.device) or 0)
@@ -206,11 +215,8 @@ class HostUpdateExtended:
         with tf.device(target.device):
             result = fn(target, *distribute_utils.select_replica(index, args),
                         **distribute_utils.select_replica(index, kwargs))
-        if isinstance(var, values_lib.DistributedVariable):
-            if self._glp_pending is not None:
-                self._glp_pending.append(var)
-            else:
-                self._copy_to_replicas(var)
+        if isinstance(var, values_lib.DistributedVariable) and self._glp_pending is None:
+            self._copy_to_replicas(var)
         return result if group else nest.map_structure(self._local_results, result)
 
     def _host_index_of_device(self, device: str) -> int | None:
