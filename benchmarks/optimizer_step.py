@@ -29,6 +29,7 @@ import tempfile
 import time
 
 from results_file import append_section
+from strategies import step_clock_class
 
 FIRST_STEPS = 160  # one epoch of 5120 samples
 ROUNDS = 8
@@ -52,13 +53,7 @@ def main() -> None:
     y = rng.integers(0, 10, 32 * FIRST_STEPS)
     folder = tempfile.mkdtemp()
 
-    class StepClock(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.ends = []
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.ends.append(time.perf_counter())
+    StepClock = step_clock_class(keras)  # noqa: N806
 
     def build(optimizer):
         keras.utils.set_random_seed(1)

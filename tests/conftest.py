@@ -24,6 +24,18 @@ def rng() -> np.random.Generator:
 
 
 @pytest.fixture
+def fused_calls(monkeypatch):
+    """A list that gets one entry per call of tf_glp's fused Keras update."""
+    import tf_glp
+
+    calls = []
+    original = tf_glp.ops.FusedKerasUpdate.apply
+    monkeypatch.setattr(tf_glp.ops.FusedKerasUpdate, "apply",
+                        lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    return calls
+
+
+@pytest.fixture
 def native_mode(monkeypatch):
     """Switches tf_glp between its native ops and the fallbacks in one test:
     `native_mode("0")` forces the fallback, `native_mode("auto")` restores."""

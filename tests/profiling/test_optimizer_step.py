@@ -53,19 +53,15 @@ OPTIMIZERS = {
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_fused_choice_trains_bitwise_like_keras(name, exact_arithmetic, monkeypatch, tmp_path):
+def test_fused_choice_trains_bitwise_like_keras(name, exact_arithmetic, monkeypatch, tmp_path, fused_calls):
     reference, reference_loss = _train(OPTIMIZERS[name], [])
     monkeypatch.setattr(optimizer_step, "choose", lambda native, fused: ("fused", "forced by the test"))
     # The layers keep TensorFlow's kernels (lanes compute the same to float32
     # rounding, not bitwise): this compares the optimizer step alone.
     monkeypatch.setattr(profiler, "choose", lambda candidates: (None, "forced by the test"))
-    calls = []
-    original = tf_glp.ops.FusedKerasUpdate.apply
-    monkeypatch.setattr(tf_glp.ops.FusedKerasUpdate, "apply", lambda self, *a, **k: calls.append(1) or original(
-        self, *a, **k))
     path = str(tmp_path / "plan.json")
     model, loss = _train(OPTIMIZERS[name], [ConcurrencyProfiler(trials=1, plan_path=path, verbose=0, batch_size=32)])
-    assert calls  # the fused update ran
+    assert fused_calls  # the fused update ran
     assert loss == reference_loss
     for a, b in zip(model.weights + model.optimizer.variables, reference.weights + reference.optimizer.variables,
                     strict=True):
@@ -92,12 +88,8 @@ def test_a_matching_plan_is_reused_without_timing(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["rmsprop", "strategy", "float64", "off"])
-def test_keras_update_stays_where_the_fused_one_does_not_apply(case, monkeypatch):
+def test_keras_update_stays_where_the_fused_one_does_not_apply(case, monkeypatch, fused_calls):
     monkeypatch.setattr(optimizer_step, "choose", lambda native, fused: ("fused", "forced by the test"))
-    calls = []
-    original = tf_glp.ops.FusedKerasUpdate.apply
-    monkeypatch.setattr(tf_glp.ops.FusedKerasUpdate, "apply", lambda self, *a, **k: calls.append(1) or original(
-        self, *a, **k))
     optimizer = (lambda: keras.optimizers.RMSprop(1e-2)) if case == "rmsprop" else OPTIMIZERS["adam"]
     callback = ConcurrencyProfiler(trials=1, plan_path=None, verbose=0, batch_size=32,
                                    optimizer_step=case != "off")
@@ -109,7 +101,7 @@ def test_keras_update_stays_where_the_fused_one_does_not_apply(case, monkeypatch
     else:
         model, loss = _train(optimizer, [callback], epochs=1)
     assert np.all(np.isfinite(loss))
-    assert not calls and not getattr(model.optimizer, optimizer_step.FUSED_FLAG, False)
+    assert not fused_calls and not getattr(model.optimizer, optimizer_step.FUSED_FLAG, False)
     ok, why = optimizer_step.eligible(model)
     if case != "off":
         assert not ok and why

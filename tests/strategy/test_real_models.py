@@ -95,15 +95,6 @@ def _assert_same(ours, reference):
     np.testing.assert_allclose(e1, e2, rtol=1e-5)
 
 
-@pytest.fixture
-def fused_calls(monkeypatch):
-    calls = []
-    original = tf_glp.ops.FusedKerasUpdate.apply
-    monkeypatch.setattr(tf_glp.ops.FusedKerasUpdate, "apply",
-                        lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
-    return calls
-
-
 @pytest.mark.parametrize("update", MODES)
 @pytest.mark.parametrize("row", sorted(ROWS))
 def test_trains_like_mirrored_strategy(row, update, fused_calls, tmp_path):

@@ -27,9 +27,9 @@ import tensorflow as tf
 from tf_glp import _keras_compat
 from tf_glp.ops import supports_fused_update
 
-# At most this many parameters are updated per timed step: the cost per
-# parameter is what decides, and a copy of a huge model's state would cost
-# memory the user did not ask for.
+# The timed step updates the largest variable and then as many others as fit
+# in this many parameters: the cost per parameter is what decides, and a copy
+# of a huge model's state would cost memory the user did not ask for.
 MAX_TIMED_PARAMETERS = 2_000_000
 # The fused update is chosen when its median is at least this much faster
 # and the two interquartile ranges do not overlap.

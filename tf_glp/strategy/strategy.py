@@ -44,7 +44,14 @@ from tf_glp import _keras_compat
 from tf_glp.ops import FusedKerasUpdate, host_reduce, supports_fused_update
 from tf_glp.strategy import chunking as chunking_lib
 from tf_glp.strategy import cost_model, devices as devices_lib, hooks, multi_worker
-from tf_glp.strategy.cross_device_ops import HostCrossDeviceOps, compress, concat_on_host, is_sparse, local_components
+from tf_glp.strategy.cross_device_ops import (
+    HostCrossDeviceOps,
+    byte_sizes,
+    compress,
+    concat_on_host,
+    is_sparse,
+    local_components,
+)
 from tf_glp.strategy.host_copies import HostMirroredExtended
 
 _UPDATES = ("host", "replicas")
@@ -286,7 +293,7 @@ class _HostUpdate:
         sparse = [i for i, g in enumerate(grads) if is_sparse(g)]
         dense = [i for i in range(len(grads)) if i not in sparse]
         per_variable = [local_components(grads[i]) for i in dense]
-        sizes = [int(p[0].shape.num_elements() or 0) * p[0].dtype.size for p in per_variable]  # uncompressed
+        sizes = byte_sizes(per_variable)  # planned on uncompressed sizes
         if not summed:
             per_variable = [compress(parts, self.compression) for parts in per_variable]
         with tf.device(host_ops.host_device):
