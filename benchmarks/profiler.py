@@ -18,7 +18,7 @@
 3. Alone vs in the step: for the same two models, each profiled layer
    forced to each lane count the profiler timed, the others native: the
    speed-up the profiler measured for that layer alone next to the speed-up
-   of the whole training step (the evidence for profiler.MIN_SPEEDUP).
+   of the whole training step (the evidence for choice.MIN_SPEEDUP).
 """
 
 from __future__ import annotations
@@ -192,7 +192,7 @@ def main() -> None:
                          f"{planned / plain:.2f} |")
     # 3. Alone vs in the step: each profiled layer forced to each timed lane
     # count (the others native): its speed-up measured alone (the plan's
-    # medians) against what the whole step gains (why profiler.MIN_SPEEDUP).
+    # medians) against what the whole step gains (why choice.MIN_SPEEDUP).
     from tf_glp.layers import as_glp_layer  # noqa: PLC0415
     from tf_glp.profiling import profiler as profiler_lib  # noqa: PLC0415
 

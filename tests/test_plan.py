@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tf_glp import plan as plan_lib
+from tf_glp.profiling import plan as plan_lib
 
 
 CONFIG = {"filters": 4, "kernel_size": [3, 3], "strides": [1, 1], "padding": "valid"}

@@ -26,7 +26,8 @@ __version__ = "0.1.0"
 __all__ = ["NativeStatus", "Strategy", "callbacks", "layers", "native_available", "ops", "plan", "profile",
            "strategy"]
 
-_LAZY_SUBMODULES = {"callbacks", "layers", "ops", "plan", "strategy"}
+_LAZY_SUBMODULES = {"callbacks": "tf_glp.callbacks", "layers": "tf_glp.layers", "ops": "tf_glp.ops",
+                    "plan": "tf_glp.profiling.plan", "strategy": "tf_glp.strategy"}
 
 
 def __getattr__(name: str) -> Any:
@@ -41,7 +42,7 @@ def __getattr__(name: str) -> Any:
         globals()["profile"] = profile
         return profile
     if name in _LAZY_SUBMODULES:
-        module = importlib.import_module(f"tf_glp.{name}")
+        module = importlib.import_module(_LAZY_SUBMODULES[name])
         globals()[name] = module
         return module
     raise AttributeError(f"module 'tf_glp' has no attribute {name!r}")

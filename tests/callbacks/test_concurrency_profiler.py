@@ -13,8 +13,9 @@ import pytest
 import tensorflow as tf
 
 import tf_glp
-from tf_glp import plan as plan_lib
 from tf_glp.callbacks import ConcurrencyProfiler
+from tf_glp.profiling import choice as choice_rule
+from tf_glp.profiling import plan as plan_lib
 from tf_glp.profiling import profiler
 
 L = keras.layers
@@ -51,10 +52,10 @@ def _train(build, callbacks, strategy=None, epochs=2):
     return model, history.history["loss"]
 
 
-def _forced(monkeypatch, choice):
-    """Makes every layer's choice `choice`, whatever the timings say (the
+def _forced(monkeypatch, lanes):
+    """Makes every layer's choice `lanes`, whatever the timings say (the
     invariance tests must exercise the concurrent kernels)."""
-    monkeypatch.setattr(profiler, "choose", lambda candidates: (choice, "forced by the test"))
+    monkeypatch.setattr(choice_rule, "choose", lambda candidates: (lanes, "forced by the test"))
 
 
 @pytest.mark.parametrize("build", [_sequential, _functional])
@@ -246,7 +247,7 @@ def test_mixed_precision_layers_are_profiled_in_their_compute_dtype(policy, tmp_
 
 @pytest.mark.parametrize("user_setting", [None, True, False])
 def test_profiling_leaves_the_graph_optimizer_setting_as_it_was(user_setting):
-    # Profiling turns Grappler off while it runs (profiler._without_graph_optimizer).
+    # Profiling turns Grappler off while it runs (timing.without_graph_optimizer).
     before = tf.config.optimizer.get_experimental_options()
     if user_setting is not None:
         tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": user_setting})

@@ -7,7 +7,7 @@ import pytest
 
 import tf_glp
 from tf_glp.profiling import concurrency_model as model
-from tf_glp.profiling import gpu_device, profiler
+from tf_glp.profiling import choice, device_facts, gpu_device
 
 # What cuDeviceGetAttribute reports for an H200 (attribute number: value).
 H200_ATTRIBUTES = {13: 1_980_000, 16: 132, 39: 2048, 75: 9, 76: 0, 81: 233_472, 82: 65_536, 106: 32}
@@ -59,7 +59,7 @@ def test_no_gpu_here_means_no_description_and_the_default_launch():
     # cleanly (built with CUDA or not) and the profiler uses the default.
     status = tf_glp.native_available()
     assert gpu_device.im2col_launch(status.path if status.available else None) is None
-    assert profiler.gpu_kernel_launch() == model.IM2COL_LAUNCH
+    assert device_facts.gpu_kernel_launch() == model.IM2COL_LAUNCH
 
 
 def test_occupancy_limits():
@@ -74,13 +74,13 @@ def test_occupancy_limits():
 
 
 def test_the_profiler_uses_the_described_gpu(monkeypatch):
-    monkeypatch.setattr(profiler, "device_kind", lambda: "gpu")
-    monkeypatch.setattr(profiler, "gpu_description", lambda: H200)
+    monkeypatch.setattr(device_facts, "device_kind", lambda: "gpu")
+    monkeypatch.setattr(device_facts, "gpu_description", lambda: H200)
     work = model.LayerWork("conv2d", batch=32, flops_per_sample=2 * 16 * 16 * 9 * 32 * 64,
                            im2col_elements_per_sample=16 * 16 * 9 * 32)
-    assert profiler.cap_for(work) == model.gpu_cap(work, H200, model.IM2COL_LAUNCH)
-    monkeypatch.setattr(profiler, "gpu_description", lambda: None)
-    cap, why = profiler.cap_for(work)
+    assert device_facts.cap_for(work) == model.gpu_cap(work, H200, model.IM2COL_LAUNCH)
+    monkeypatch.setattr(device_facts, "gpu_description", lambda: None)
+    cap, why = device_facts.cap_for(work)
     assert cap == 8 and "driver" in why
 
 
@@ -116,12 +116,12 @@ def test_candidates(cap, expected):
 
 
 def _candidates(*timings):
-    from tf_glp.plan import Candidate  # noqa: PLC0415
+    from tf_glp.profiling.plan import Candidate  # noqa: PLC0415
 
     return [Candidate(k, median, spread) for k, (median, spread) in zip([None, 1, 2, 4], timings)]
 
 
-@pytest.mark.parametrize("timings,choice", [
+@pytest.mark.parametrize("timings,expected", [
     # k=2 clearly faster (2.5x, outside native's spread, even though native is noisy).
     (((0.500, 0.184), (0.300, 0.020), (0.200, 0.040)), 2),
     # The same with k=1 within k=2's spread: the simpler k=1 (2.3x).
@@ -134,15 +134,15 @@ def _candidates(*timings):
     (((0.80, 0.0), (0.39, 0.0), (0.40, 0.0)), 1),
     (((0.30, 0.0), (0.29, 0.0), (0.31, 0.0)), None),
 ])
-def test_choice_needs_a_clear_speedup_and_prefers_fewer_lanes(timings, choice):
-    assert profiler.MIN_SPEEDUP == 2.0
-    choice_made, reason = profiler.choose(_candidates(*timings))
-    assert choice_made == choice, reason
+def test_choice_needs_a_clear_speedup_and_prefers_fewer_lanes(timings, expected):
+    assert choice.MIN_SPEEDUP == 2.0
+    choice_made, reason = choice.choose(_candidates(*timings))
+    assert choice_made == expected, reason
 
 
 def test_choice_reasons_name_the_rule():
-    assert "needs 2.0x" in profiler.choose(_candidates((0.39, 0.01), (0.30, 0.01)))[1]
-    assert profiler.choose(_candidates((0.30, 0.01), (0.35, 0.01)))[1] == "fastest (0.300 ms)"
+    assert "needs 2.0x" in choice.choose(_candidates((0.39, 0.01), (0.30, 0.01)))[1]
+    assert choice.choose(_candidates((0.30, 0.01), (0.35, 0.01)))[1] == "fastest (0.300 ms)"
 
 
 def test_the_model_and_the_plan_are_pure_python():
@@ -150,8 +150,8 @@ def test_the_model_and_the_plan_are_pure_python():
     import subprocess
     import sys
 
-    code = ("import sys; import tf_glp.profiling.concurrency_model, tf_glp.profiling.gpu_device, tf_glp.plan; "
-            "print('tensorflow' in sys.modules)")
+    code = ("import sys; import tf_glp.profiling.concurrency_model, tf_glp.profiling.gpu_device, "
+            "tf_glp.profiling.choice, tf_glp.plan; print('tensorflow' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() \
         == "False"
 

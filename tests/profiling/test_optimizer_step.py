@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 import tf_glp
-from tf_glp import plan as plan_lib
+from tf_glp.profiling import plan as plan_lib
 from tf_glp.callbacks import ConcurrencyProfiler
-from tf_glp.profiling import optimizer_step, profiler
+from tf_glp.profiling import choice, optimizer_step
 
 L = keras.layers
 
@@ -58,7 +58,7 @@ def test_fused_choice_trains_bitwise_like_keras(name, exact_arithmetic, monkeypa
     monkeypatch.setattr(optimizer_step, "choose", lambda native, fused: ("fused", "forced by the test"))
     # The layers keep TensorFlow's kernels (lanes compute the same to float32
     # rounding, not bitwise): this compares the optimizer step alone.
-    monkeypatch.setattr(profiler, "choose", lambda candidates: (None, "forced by the test"))
+    monkeypatch.setattr(choice, "choose", lambda candidates: (None, "forced by the test"))
     path = str(tmp_path / "plan.json")
     model, loss = _train(OPTIMIZERS[name], [ConcurrencyProfiler(trials=1, plan_path=path, verbose=0, batch_size=32)])
     assert fused_calls  # the fused update ran

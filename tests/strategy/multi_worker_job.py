@@ -79,9 +79,9 @@ if args.kill_at:
     callbacks.append(KillAt())
 if args.profile:
     from tf_glp.callbacks import ConcurrencyProfiler
-    from tf_glp.profiling import profiler as profiler_lib
+    from tf_glp.profiling import choice
 
-    profiler_lib.choose = lambda candidates: (1 if task == 0 else 2, f"forced for worker {task}")
+    choice.choose = lambda candidates: (1 if task == 0 else 2, f"forced for worker {task}")
     # A path of its own per worker: none reads the chief's plan (the test
     # wants each to profile), and only the chief's file may appear.
     callbacks.append(ConcurrencyProfiler(trials=1, plan_path=os.path.join(args.out, f"plan{task}.json"), verbose=0))

@@ -7,7 +7,7 @@ import warnings
 import keras
 import tensorflow as tf
 
-from tf_glp import plan as plan_lib
+from tf_glp.profiling import plan as plan_lib
 from tf_glp.profiling import optimizer_step, profiler
 
 _KERAS_DEFAULT_BATCH = 32
