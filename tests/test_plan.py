@@ -56,10 +56,24 @@ def _edited(**changes):
     return json.dumps(data)
 
 
+def _with_left_alone(left_alone):
+    return json.dumps({**_plan().to_json(), "left_alone": left_alone})
+
+
+def test_left_alone_layers_round_trip_and_are_in_the_table(tmp_path):
+    path = str(tmp_path / "plan.json")
+    plan = _plan()
+    plan.left_alone = [{"name": "c1", "layer_class": "Conv1D", "reason": "not Conv2D or Dense"}]
+    plan_lib.write(plan, path)
+    assert plan_lib.read(path) == plan
+    assert plan_lib.table(plan).splitlines()[-1] == "left as it is: c1 (Conv1D): not Conv2D or Dense"
+
+
 @pytest.mark.parametrize("text", ["{not json", "[]", '{"header": []}', '{"header": {"schema": 1}}',
                                   '{"header": {"schema": 99}, "layers": []}',
                                   '{"header": {"schema": 1}, "layers": [{"name": "x"}]}',
-                                  _edited(choice="2"), _edited(input_shape=None), _edited(cap=0), _edited(config=[])])
+                                  _edited(choice="2"), _edited(input_shape=None), _edited(cap=0), _edited(config=[]),
+                                  _with_left_alone({}), _with_left_alone([{"name": "c1"}])])
 def test_corrupt_plans_are_value_errors(tmp_path, text):
     path = tmp_path / "plan.json"
     path.write_text(text)

@@ -385,8 +385,9 @@ def _variant(kind):
         return model
     layer = {"channels_first": lambda: L.Conv2D(4, 3, data_format="channels_first", name="variant"),
              "conv1d": lambda: L.Conv1D(4, 3, name="variant"),
+             "conv3d": lambda: L.Conv3D(4, (1, 3, 3), name="variant"),
              "depthwise": lambda: L.DepthwiseConv2D(3, name="variant")}[kind]()
-    shape = {"channels_first": (1, 8, 8), "conv1d": (8, 8), "depthwise": (8, 8, 1)}[kind]
+    shape = {"channels_first": (1, 8, 8), "conv1d": (8, 8), "conv3d": (2, 4, 8, 1), "depthwise": (8, 8, 1)}[kind]
     return keras.Sequential([keras.Input((8, 8, 1)), L.Reshape(shape), layer, L.Flatten(), L.Dense(10, name="logits")])
 
 
@@ -405,7 +406,7 @@ def test_works_under_every_strategy(strategy, tmp_path):
     assert [layer.name for layer in plan_lib.read(path).layers] == ["conv", "hidden", "logits"]
 
 
-@pytest.mark.parametrize("kind", ["quantized", "lora", "channels_first", "conv1d", "depthwise"])
+@pytest.mark.parametrize("kind", ["quantized", "lora", "channels_first", "conv1d", "conv3d", "depthwise"])
 def test_layer_variants_train_and_are_left_alone_when_not_eligible(kind, tmp_path):
     path = str(tmp_path / "plan.json")
     keras.utils.set_random_seed(3)
@@ -421,7 +422,29 @@ def test_layer_variants_train_and_are_left_alone_when_not_eligible(kind, tmp_pat
                        callbacks=[ConcurrencyProfiler(trials=1, plan_path=path, verbose=0, batch_size=32)]
                        ).history["loss"]
     np.testing.assert_allclose(losses, expected, rtol=1e-4)
-    assert "logits" in [layer.name for layer in plan_lib.read(path).layers]
+    plan = plan_lib.read(path)
+    assert "logits" in [layer.name for layer in plan.layers]
+    # The variant is named in the plan and its table, with why.
+    reason = {"quantized": "quantized (int8)", "lora": "LoRA enabled",
+              "channels_first": "data_format='channels_first' (the concurrent ops take channels_last)",
+              "conv1d": "tf_glp's concurrent ops run Conv2D and Dense only",
+              "conv3d": "tf_glp's concurrent ops run Conv2D and Dense only",
+              "depthwise": "tf_glp's concurrent ops run Conv2D and Dense only"}[kind]
+    layer_class = type(model.get_layer("variant")).__name__
+    assert plan.left_alone == [{"name": "variant", "layer_class": layer_class, "reason": reason}]
+    assert f"left as it is: variant ({layer_class}): {reason}" in plan_lib.table(plan)
+
+
+def test_a_model_with_nothing_to_profile_names_what_it_left_alone(capsys):
+    model = keras.Sequential([keras.Input((8, 8, 1)), L.Reshape((8, 8)), L.Conv1D(4, 3, name="conv1d"), L.Flatten(),
+                              L.Dense(10, dtype="float64", name="wide")])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(*_data(64), batch_size=32, epochs=1, verbose=0,
+              callbacks=[ConcurrencyProfiler(trials=1, plan_path=None, verbose=1)])
+    printed = capsys.readouterr().out
+    assert "no layer to profile" in printed
+    assert "left as it is: conv1d (Conv1D): tf_glp's concurrent ops run Conv2D and Dense only" in printed
+    assert "left as it is: wide (Dense): computes in float64" in printed
 
 
 @pytest.mark.parametrize("fit_arguments", [{"steps_per_execution": 2}, {"initial_epoch": 1}], ids=str)

@@ -98,12 +98,13 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
                           "nothing is profiled and every layer keeps XLA's kernels. To let the profiler choose, "
                           "compile with jit_compile=False.", stacklevel=2)
             return
-        layers = profiler.profilable(profiler.eligible_layers(self.model, self.convert))
+        layers, left_alone = profiler.layers_to_profile(self.model, self.convert)
         if not layers:
             if self._choose_optimizer_step():
                 self.model.make_train_function(force=True)
-            if self._step and self.verbose:
-                print(f"tf_glp: {plan_lib.table(plan_lib.Plan(header={}, layers=[], optimizer=self._step))}")
+            if (self._step or left_alone) and self.verbose:
+                nothing_timed = plan_lib.Plan(header={}, layers=[], optimizer=self._step, left_alone=left_alone)
+                print(f"tf_glp: no layer to profile\n{plan_lib.table(nothing_timed)}")
             return
         # Profile outside any replica context, on the first device. Across
         # workers only the chief writes the plan, and every worker runs the
@@ -112,7 +113,7 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         self._writes = getattr(extended, "should_checkpoint", True)
         self.plan, self.reused = profiler.load_or_profile(
             layers, self._replica_batch(), self.plan_path, self.candidates, self.trials, self.verbose,
-            write=self._writes)
+            write=self._writes, left_alone=left_alone)
         if hasattr(extended, "agree_with_the_chief"):
             self._take_the_chiefs_choices(extended.agree_with_the_chief)
         self._record_strategy()

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tf_glp.ops.concurrent import check_concurrency, concurrent_conv2d, concurrent_matmul
 
-__all__ = ["Conv2D", "Dense", "as_glp_layer", "convert", "is_eligible", "strip"]
+__all__ = ["Conv2D", "Dense", "as_glp_layer", "convert", "is_eligible", "strip", "why_not_eligible"]
 
 
 def _checked(concurrency: int | None, layer: str) -> int | None:
@@ -158,14 +158,33 @@ def is_eligible(layer: keras.layers.Layer, include_keras_layers: bool = True) ->
     or (include_keras_layers) a plain keras.layers.Conv2D / Dense, that is
     built, computing in float32, float16 or bfloat16 (mixed precision),
     channels_last, ungrouped, without LoRA or quantization."""
+    return why_not_eligible(layer, include_keras_layers) is None
+
+
+def why_not_eligible(layer: keras.layers.Layer, include_keras_layers: bool = True) -> str | None:
+    """Why the concurrent ops cannot run `layer` (see is_eligible), or None."""
     kind = type(layer)
-    if kind not in _PLAIN and not (include_keras_layers and kind in _TWINS):
-        return False
-    if not layer.built or layer.compute_dtype not in _DTYPES or getattr(layer, "lora_enabled", False):
-        return False
+    if kind not in _PLAIN and kind not in _TWINS:
+        twin = next((plain for plain in _TWINS if isinstance(layer, plain)), None)
+        if twin is not None:
+            return f"a subclass of {twin.__name__}: its call may not be {twin.__name__}'s"
+        return "tf_glp's concurrent ops run Conv2D and Dense only"
+    if kind in _TWINS and not include_keras_layers:
+        return "a plain Keras layer, and convert=False"
+    if not layer.built:
+        return "not built"
+    if layer.compute_dtype not in _DTYPES:
+        return f"computes in {layer.compute_dtype} (the concurrent ops take {', '.join(_DTYPES)})"
+    if getattr(layer, "lora_enabled", False):
+        return "LoRA enabled"
     if isinstance(layer, keras.layers.Conv2D):
-        return layer.data_format == "channels_last" and layer.groups == 1
-    return not getattr(layer, "quantization_mode", None)
+        if layer.data_format != "channels_last":
+            return f"data_format={layer.data_format!r} (the concurrent ops take channels_last)"
+        if layer.groups != 1:
+            return f"groups={layer.groups}"
+        return None
+    mode = getattr(layer, "quantization_mode", None)
+    return f"quantized ({mode})" if mode else None
 
 
 def as_glp_layer(layer: keras.layers.Layer, concurrency: int | None) -> keras.layers.Layer:

@@ -57,10 +57,13 @@ class Plan:
     # The optimizer step chosen at start-up (tf_glp.profiling.optimizer_step):
     # {"optimizer_class", "choice": "native" | "fused", "reason", "native_ms", "fused_ms"}, or None.
     optimizer: dict | None = None
+    # The convolution and dense layers the profiler left as they are, and
+    # why: [{"name", "layer_class", "reason"}] (tf_glp.profiling.profiler.layers_to_profile).
+    left_alone: list[dict] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"header": self.header, "layers": [dataclasses.asdict(layer) for layer in self.layers],
-                "notes": self.notes, "optimizer": self.optimizer}
+                "notes": self.notes, "optimizer": self.optimizer, "left_alone": self.left_alone}
 
     @classmethod
     def from_json(cls, data: dict) -> Plan:
@@ -81,8 +84,15 @@ class Plan:
                                           or optimizer.get("choice") not in ("native", "fused")):
                 raise TypeError(f"optimizer must be null or an object with choice 'native' or 'fused', "
                                 f"got {optimizer!r}")
+            left_alone = data.get("left_alone", [])
+            if not isinstance(left_alone, list) or not all(
+                    isinstance(entry, dict) and all(isinstance(entry.get(key), str)
+                                                    for key in ("name", "layer_class", "reason"))
+                    for entry in left_alone):
+                raise TypeError(f"left_alone must be a list of {{name, layer_class, reason}} strings, "
+                                f"got {left_alone!r}")
             return cls(header=header, layers=layers, notes=[str(n) for n in data.get("notes", [])],
-                       optimizer=optimizer)
+                       optimizer=optimizer, left_alone=left_alone)
         except (KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"not a tf_glp plan: {error!r}") from error
 
@@ -176,6 +186,8 @@ def table(plan: Plan) -> str:
         step = plan.optimizer
         lines.append(f"optimizer step ({step['optimizer_class']}): Keras {step['native_ms']:.3f} ms, fused "
                      f"{step['fused_ms']:.3f} ms -> {step['choice']} ({step['reason']})")
+    lines += [f"left as it is: {entry['name']} ({entry['layer_class']}): {entry['reason']}"
+              for entry in plan.left_alone]
     return "\n".join(lines + [f"{note}" for note in plan.notes])
 
 

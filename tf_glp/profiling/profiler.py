@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 import tf_glp
-from tf_glp.layers import as_glp_layer, is_eligible
+from tf_glp.layers import as_glp_layer, is_eligible, why_not_eligible
 from tf_glp.profiling import choice as choice_rule
 from tf_glp.profiling import concurrency_model, device_facts, timing
 from tf_glp.profiling import plan as plan_lib
@@ -102,45 +102,63 @@ def profile_layers(layers: Sequence[keras.layers.Layer], batch: int, header: dic
     return plan_lib.Plan(header=header, layers=entries)
 
 
+def _leaf_layers(model: keras.Model):
+    """The model's layers in model order, nested models' included (not the
+    nested models themselves)."""
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            yield from _leaf_layers(layer)
+        else:
+            yield layer
+
+
 def eligible_layers(model: keras.Model, convert: bool) -> list[keras.layers.Layer]:
     """The model's Conv2D / Dense layers the profiler may set (plain Keras
     ones only with convert=True), in model order, nested models included."""
-    found = []
-
-    def visit(layer):
-        if isinstance(layer, keras.Model):
-            for inner in layer.layers:
-                visit(inner)
-        elif is_eligible(layer, convert):
-            found.append(layer)
-
-    for layer in model.layers:
-        visit(layer)
-    return found
+    return [layer for layer in _leaf_layers(model) if is_eligible(layer, convert)]
 
 
-def profilable(layers) -> list:
-    """The layers whose input shape is known (a functional or Sequential
-    model's); the others are left alone, with one warning naming them."""
-    known, unknown = [], []
-    for layer in layers:
-        try:
-            layer_input(layer, 1)
-        except ValueError:
-            unknown.append(layer.name)
-        else:
-            known.append(layer)
+def _has_a_kernel(layer: keras.layers.Layer) -> bool:
+    """A layer of Keras' convolution or dense families (enumerated from
+    keras.layers, so a new one joins): one a user may expect the profiler
+    to time, named in the table when it is left alone."""
+    return any(isinstance(layer, cls) for name, cls in vars(keras.layers).items()
+               if isinstance(cls, type) and issubclass(cls, keras.layers.Layer)
+               and ("Conv" in name or name.endswith("Dense")))
+
+
+def layers_to_profile(model: keras.Model, convert: bool) -> tuple[list[keras.layers.Layer], list[dict]]:
+    """The eligible layers whose input shape is known (a functional or
+    Sequential model's), in model order; and the layers left as they are
+    ({"name", "layer_class", "reason"}): the convolution and dense ones the
+    concurrent ops cannot run, and eligible ones whose input shape is
+    unknown (also named in one warning)."""
+    layers, left_alone, unknown = [], [], []
+    for layer in _leaf_layers(model):
+        why = why_not_eligible(layer, convert)
+        if why is None:
+            try:
+                layer_input(layer, 1)
+            except ValueError:
+                unknown.append(layer.name)
+                why = "input shape unknown (a layer of a subclassed model, or never called)"
+            else:
+                layers.append(layer)
+                continue
+        if _has_a_kernel(layer):
+            left_alone.append({"name": layer.name, "layer_class": type(layer).__name__, "reason": why})
     if unknown:
         warnings.warn(f"tf_glp: not profiling {', '.join(unknown)}: their input shapes are unknown (layers of a "
                       f"subclassed model, or never called); they keep their kernels", stacklevel=3)
-    return known
+    return layers, left_alone
 
 
 def load_or_profile(layers, batch: int, plan_path: str | None, candidates="auto", trials: int = 5,
-                    verbose: int = 1, write: bool = True) -> tuple[plan_lib.Plan, bool]:
+                    verbose: int = 1, write: bool = True, left_alone=()) -> tuple[plan_lib.Plan, bool]:
     """The plan for `layers` at `batch`: the file's if it matches this run
     (same header and layers), else a new profile, written atomically (if
-    `write`). Returns (plan, reused)."""
+    `write`). `left_alone` (see layers_to_profile) is recorded in the plan
+    as this run found it. Returns (plan, reused)."""
     header = plan_header(batch, candidates)
     described = [(type(layer).__name__, *layer_input(layer, batch), layer_config(layer)) for layer in layers]
     if plan_path and os.path.exists(plan_path):
@@ -151,10 +169,12 @@ def load_or_profile(layers, batch: int, plan_path: str | None, candidates="auto"
         else:
             why = stored.mismatch(header, described)
             if why is None:
+                stored.left_alone = list(left_alone)
                 return stored, True
             warnings.warn(f"tf_glp: the plan {plan_path} is for another run ({why}); profiling again", stacklevel=3)
     bar = keras.utils.Progbar(timing.WARMUP + trials, unit_name="round") if verbose else None
     plan = profile_layers(layers, batch, header, candidates, trials, progress=bar.add if bar else None)
+    plan.left_alone = list(left_alone)
     if plan_path and write:
         plan_lib.write(plan, plan_path)
     return plan, False
@@ -188,6 +208,6 @@ def profile(model: keras.Model, sample_batch, candidates="auto", trials: int = 5
     """
     first = tf.nest.flatten(sample_batch)[0]
     batch = int(np.shape(first)[0])
-    layers = profilable(eligible_layers(model, convert))
-    plan, _ = load_or_profile(layers, batch, plan_path, candidates, trials, verbose)
+    layers, left_alone = layers_to_profile(model, convert)
+    plan, _ = load_or_profile(layers, batch, plan_path, candidates, trials, verbose, left_alone=left_alone)
     return plan
