@@ -1,7 +1,10 @@
-"""What the start-up profiler costs and what its plan gives (issue 11).
+"""What the start-up profiler costs and what its plan gives (issues 11, 20).
 
     python benchmarks/profiler.py                  # prints the tables
     python benchmarks/profiler.py --write-results  # and appends them to RESULTS.md
+    python benchmarks/profiler.py --parts wide determinism   # only some parts
+
+Parts "layers" (1-3 below), "wide" and "determinism" (4):
 
 1. Cost: examples/quickstart.py's model, data and strategy (tf_glp.Strategy
    on 2 logical CPU replicas, batch 64), a fresh model each time: the first
@@ -19,6 +22,8 @@
    forced to each lane count the profiler timed, the others native: the
    speed-up the profiler measured for that layer alone next to the speed-up
    of the whole training step (the evidence for choice.MIN_SPEEDUP).
+4. The wide MLP, one device, where the profiler's optimizer-step choice
+   matters, with and without op determinism: benchmarks/profiler_wide_mlp.py.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import sys
 import tempfile
 import time
 
+import profiler_wide_mlp
 from results_file import append_section
 
 COST_ROUNDS = 7
@@ -45,7 +51,38 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--write-results", action="store_true")
+    parser.add_argument("--parts", nargs="+", choices=("layers", "wide", "determinism"),
+                        default=["layers", "wide", "determinism"])
     args = parser.parse_args()
+    started = time.time()
+    if "layers" in args.parts:
+        layer_parts(args)
+    wide = {}
+    if "wide" in args.parts:
+        wide["no determinism"] = profiler_wide_mlp.measure()
+    if "determinism" in args.parts:
+        wide["op determinism"] = profiler_wide_mlp.measure_under_determinism()
+    if wide:
+        table = profiler_wide_mlp.HEADER + [row for label, result in wide.items()
+                                            for row in profiler_wide_mlp.rows(result, label)]
+        verdicts = [line for label, result in wide.items() for line in profiler_wide_mlp.verdicts(result, label)]
+        print("\n".join(table + [""] + verdicts))
+        elapsed = time.time() - started
+        if args.write_results:
+            append_section("\n".join([
+                f"## Start-up profiler on a wide MLP (issue 20) — {datetime.date.today().isoformat()}", "",
+                f"Machine: {platform.machine()}, {os.cpu_count()} cores, one CPU device, no strategy. Command: "
+                f"`python benchmarks/profiler.py --write-results --parts {' '.join(args.parts)}` ({elapsed:.0f} s). "
+                f"Wide MLP 1024-4096-4096-10, batch 32. First epoch: build, compile, fit of "
+                f"{profiler_wide_mlp.FIRST_STEPS} steps, profiling included, {profiler_wide_mlp.FIRST_ROUNDS} "
+                f"interleaved rounds (2 under determinism); steady: {profiler_wide_mlp.STEADY_ROUNDS} (6) "
+                f"interleaved rounds of {profiler_wide_mlp.ROUND_STEPS} steps per variant; fastest round, median "
+                f"and spread (max - min). Speed-ups: plain Keras' fastest round over the variant's.", "",
+                *table, "", *verdicts, ""]))
+
+
+def layer_parts(args) -> None:
+    """Parts 1-3 (issue 11): cost, gain, alone vs in the step."""
     import tf_glp  # noqa: PLC0415
 
     strategy = tf_glp.Strategy(cpu_replicas=2)  # before any TensorFlow op (logical CPU devices)

@@ -48,3 +48,14 @@ def native_mode(monkeypatch):
     yield switch
     monkeypatch.delenv("TF_GLP_NATIVE", raising=False)
     _native._reset_for_tests()
+
+
+@pytest.fixture
+def exact_arithmetic():
+    """Grappler's arithmetic optimizer off: it rewrites float expressions
+    differently in differently shaped graphs, so bitwise comparisons of two
+    programs need it off (as the host-engine tests do)."""
+    before = tf.config.optimizer.get_experimental_options().get("arithmetic_optimization", True)
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+    yield
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": before})

@@ -94,3 +94,16 @@ def test_layer_internals_that_twins_share():
         layer.build((None, 5) if isinstance(layer, keras.layers.Dense) else (None, 6, 6, 1))
         assert layer._kernel is layer.kernel
         assert isinstance(layer._build_shapes_dict, dict)
+
+
+def test_trainer_and_layer_internals_of_micro_batches():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dropout(0.5, name="drop"), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    assert _keras_compat.call_has_training_arg(model) is True
+    assert isinstance(_keras_compat.loss_tracker(model), keras.metrics.Mean)
+    assert [layer.name for layer in _keras_compat.all_layers(model)][:1] == ["drop"]
+    assert len(_keras_compat.seed_generators(model.get_layer("drop"))) == 1
+    assert _keras_compat.seed_generators(model.layers[-1]) == []
+    x, y = np.ones((2, 4), np.float32), np.zeros((2, 2), np.float32)
+    loss = _keras_compat.compute_loss(model, x, y, model(x), None)
+    assert loss.shape == ()

@@ -73,12 +73,20 @@ INTERNALS = {
         "its multi-worker bug is worked around in MultiWorker*Strategy.reduce (strategy.py)",
     ("keras.src.callbacks.backup_and_restore", "BackupAndRestore", "_should_save_on_batch"):
         "subclassed: tf_glp.callbacks.BackupAndRestore",
+    ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "train_step"):
+        "patched: one pass per micro-batch (micro_batches.py)",
+    ("keras.src.trainers.trainer", "Trainer", "_compute_loss"): "a micro-batch's loss (compute_loss)",
+    ("keras.src.losses", "loss", "scale_loss_for_distribution"): "patched: 1/M per micro-batch (micro_batches.py)",
+    ("keras.src.losses", "loss", "unscale_loss_for_distribution"): "patched: the same, undone for the logs",
+    ("keras.src.layers.layer", "Layer", "_flatten_layers"): "a model's layers, nested ones included (all_layers)",
 }
 
 # Instance attributes, checked on real objects by tests/test_keras_compat.py:
 # an optimizer's slot lists (adam_slots, built_variables), the Keras
 # name-scope stack (creating_optimizer_variable), a Keras variable's
-# tf.Variable (keras_variable_value), a model's `_initial_epoch` and a
+# tf.Variable (keras_variable_value), a model's `_loss_tracker` and
+# `_call_has_training_arg` and a layer's `_seed_generators` (micro-batches),
+# a model's `_initial_epoch` and a
 # callback's `_last_batch_seen` (tf_glp.callbacks.BackupAndRestore), and a
 # built Conv2D / Dense layer's `_kernel` and `_build_shapes_dict`, which
 # tf_glp.layers shares between a layer and its twin (convert, strip).
@@ -114,6 +122,32 @@ def require_internals() -> None:
 def keras_class(module_name: str, class_name: str):
     """A Keras / TensorFlow class named in INTERNALS (for patching)."""
     return getattr(importlib.import_module(module_name), class_name)
+
+
+# -- trainer internals (micro-batches) ------------------------------------------
+def compute_loss(model, x, y, y_pred, sample_weight):
+    """The loss Keras' train_step computes (scaled for distribution)."""
+    return model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,  # noqa: SLF001
+                               training=True)
+
+
+def loss_tracker(model):
+    """The metric behind the logged "loss"."""
+    return model._loss_tracker  # noqa: SLF001
+
+
+def call_has_training_arg(model) -> bool:
+    return model._call_has_training_arg  # noqa: SLF001
+
+
+def all_layers(model) -> list:
+    """Every layer inside `model`, nested ones included."""
+    return list(model._flatten_layers(include_self=False, recursive=True))  # noqa: SLF001
+
+
+def seed_generators(layer) -> list:
+    """The layer's own random-number generators (Dropout's, noise's, ...)."""
+    return list(getattr(layer, "_seed_generators", []))
 
 
 # -- optimizer internals ------------------------------------------------------

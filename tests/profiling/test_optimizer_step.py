@@ -23,14 +23,6 @@ def test_choose():
     assert optimizer_step.choose([10.0, 14.0, 6.0, 10.0], [8.0, 12.0, 5.0, 9.0])[0] == "native"
 
 
-@pytest.fixture
-def exact_arithmetic():
-    before = tf.config.optimizer.get_experimental_options().get("arithmetic_optimization", True)
-    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
-    yield
-    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": before})
-
-
 def _train(optimizer, callbacks, epochs=2, dtype=None):
     rng = np.random.default_rng(0)
     x, y = rng.random((96, 12), dtype=np.float32), rng.integers(0, 3, 96)

@@ -144,7 +144,7 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
             self._step = stored
         else:
             native, fused = optimizer_step.time_updates(optimizer, self.model.trainable_variables, self.trials)
-            self._step = optimizer_step.record(optimizer, native, fused)
+            self._step = optimizer_step.record(optimizer, native, fused, self.model.trainable_variables)
             if self.plan is not None:
                 self.plan.optimizer = self._step
                 if self.plan_path and self._writes:

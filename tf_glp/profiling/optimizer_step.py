@@ -10,7 +10,8 @@ stay Keras'), through the `_backend_update_step` hook of
 tf_glp.strategy.hooks; `use_fused_update` turns it on for one optimizer.
 
 Timing: a copy of the optimizer (from its config) on scratch variables of
-the model's shapes (the model and its optimizer are not touched), both
+the model's shapes, at most MAX_TIMED_PARAMETERS of them (the model and its
+optimizer are not touched), both
 updates traced once, then timed by the host clock in interleaved rounds; a
 round's call returns once the update has written the variables.
 """
@@ -27,9 +28,11 @@ import tensorflow as tf
 from tf_glp import _keras_compat
 from tf_glp.ops import supports_fused_update
 
-# The timed step updates the largest variable and then as many others as fit
-# in this many parameters: the cost per parameter is what decides, and a copy
-# of a huge model's state would cost memory the user did not ask for.
+# The timed step updates at most this many parameters: the cost per
+# parameter is what decides, and a copy of a huge model's state would cost
+# memory (and start-up time) the user did not ask for. Two million float32
+# parameters with two Adam moments are 24 MB, beyond the caches, so the
+# timed update streams from memory as the real one does.
 MAX_TIMED_PARAMETERS = 2_000_000
 # The fused update is chosen when its median is at least this much faster
 # and the two interquartile ranges do not overlap.
@@ -66,12 +69,19 @@ def use_fused_update(optimizer, fused: bool = True) -> None:
 
 
 def _timed_shapes(variables) -> list[tuple[int, ...]]:
+    """The scratch variables' shapes: the model's, largest first, while they
+    fit in MAX_TIMED_PARAMETERS; a variable larger than that is timed on as
+    many of its leading rows as fit (the update is elementwise, so rows
+    cost what they cost in the whole variable)."""
     shapes, total = [], 0
     for variable in sorted(variables, key=lambda v: -int(np.prod(v.shape))):
-        size = int(np.prod(variable.shape))
+        shape = [int(d) for d in variable.shape]
+        if int(np.prod(shape)) > MAX_TIMED_PARAMETERS:
+            shape[0] = max(1, MAX_TIMED_PARAMETERS // int(np.prod(shape[1:])))
+        size = int(np.prod(shape))
         if shapes and total + size > MAX_TIMED_PARAMETERS:
             continue
-        shapes.append(tuple(int(d) for d in variable.shape))
+        shapes.append(tuple(shape))
         total += size
     return shapes
 
@@ -128,8 +138,11 @@ def choose(native: list[float], fused: list[float]) -> tuple[str, str]:
     return "native", f"the fused update measured {gain:.2f}x (needs {MIN_GAIN}x, outside the spread)"
 
 
-def record(optimizer, native: list[float], fused: list[float]) -> dict:
-    """The plan's optimizer entry for these timings."""
+def record(optimizer, native: list[float], fused: list[float], variables) -> dict:
+    """The plan's optimizer entry for these timings (of time_updates on
+    `variables`)."""
     choice, reason = choose(native, fused)
     return {"optimizer_class": type(optimizer).__name__, "choice": choice, "reason": reason,
-            "native_ms": 1e3 * statistics.median(native), "fused_ms": 1e3 * statistics.median(fused)}
+            "native_ms": 1e3 * statistics.median(native), "fused_ms": 1e3 * statistics.median(fused),
+            "timed_parameters": sum(int(np.prod(shape)) for shape in _timed_shapes(variables)),
+            "parameters": sum(int(np.prod(v.shape)) for v in variables)}

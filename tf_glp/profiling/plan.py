@@ -55,7 +55,8 @@ class Plan:
     layers: list[LayerPlan]
     notes: list[str] = dataclasses.field(default_factory=list)  # e.g. the Strategy's chunking decision
     # The optimizer step chosen at start-up (tf_glp.profiling.optimizer_step):
-    # {"optimizer_class", "choice": "native" | "fused", "reason", "native_ms", "fused_ms"}, or None.
+    # {"optimizer_class", "choice": "native" | "fused", "reason", "native_ms", "fused_ms",
+    # "timed_parameters", "parameters"}, or None.
     optimizer: dict | None = None
     # The convolution and dense layers the profiler left as they are, and
     # why: [{"name", "layer_class", "reason"}] (tf_glp.profiling.profiler.layers_to_profile).
@@ -184,7 +185,9 @@ def table(plan: Plan) -> str:
     lines.insert(1, "  ".join("-" * width for width in widths))
     if plan.optimizer:
         step = plan.optimizer
-        lines.append(f"optimizer step ({step['optimizer_class']}): Keras {step['native_ms']:.3f} ms, fused "
+        sample = (f" on {step['timed_parameters']:,} of {step['parameters']:,} parameters"
+                  if step.get("timed_parameters", step.get("parameters")) != step.get("parameters") else "")
+        lines.append(f"optimizer step ({step['optimizer_class']}{sample}): Keras {step['native_ms']:.3f} ms, fused "
                      f"{step['fused_ms']:.3f} ms -> {step['choice']} ({step['reason']})")
     lines += [f"left as it is: {entry['name']} ({entry['layer_class']}): {entry['reason']}"
               for entry in plan.left_alone]

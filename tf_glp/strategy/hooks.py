@@ -24,8 +24,10 @@ tf_glp.Strategy:
   outside XLA); jit_compile=True is refused with a clear message. (Patched
   on Keras' Trainer itself: Keras treats a Model whose compile differs from
   Trainer.compile as custom and then skips compile when loading it.)
+- TensorFlowTrainer.train_step and Keras' (un)scale_loss_for_distribution:
+  a micro-batched step (micro_batches.py), only under micro_batches=M.
 - TensorFlowTrainer.fit: refuses a global batch that does not divide by the
-  replica count, decides chunking="auto" (chunking_decision.py), and puts
+  replica count (or, with micro_batches, by M), decides chunking="auto" (chunking_decision.py), and puts
   tf_glp's BackupAndRestore in place of a plain Keras one (chief-only
   writes across workers, batch-level resume; callbacks/backup_and_restore.py).
 
@@ -45,7 +47,7 @@ import tensorflow as tf
 
 from tf_glp import _keras_compat
 from tf_glp.ops import FusedKerasUpdate
-from tf_glp.strategy import chunking_decision
+from tf_glp.strategy import chunking_decision, micro_batches
 
 _installed = False
 _lock = threading.Lock()
@@ -56,6 +58,7 @@ _TF_OPTIMIZER = ("keras.src.backend.tensorflow.optimizer", "TFOptimizer")
 _LOSS_SCALE_OPTIMIZER = ("keras.src.optimizers.loss_scale_optimizer", "LossScaleOptimizer")
 _TRAINER = ("keras.src.trainers.trainer", "Trainer")
 _TF_TRAINER = ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer")
+_LOSSES = ("keras.src.losses", "loss")
 
 
 def _glp_strategy(obj):
@@ -83,6 +86,7 @@ def install() -> None:
         _install_optimizer_hooks()
         _install_loss_scale_hook()
         _install_model_hooks()
+        _install_micro_batch_hooks()
         _installed = True
 
 
@@ -211,6 +215,8 @@ def _install_model_hooks() -> None:
             bound = fit_signature.bind(self, *args, **kwargs)
             batch = _global_batch(bound.arguments)
             _check_global_batch(batch, strategy.num_replicas_in_sync)
+            if strategy.micro_batches:
+                micro_batches.check_fit(self, strategy, batch)
             if _keras_compat.in_multi_worker_mode(strategy):
                 strategy.extended.check_same_on_every_worker(
                     [batch or 0], "the workers' global batch sizes differ ({low} to {high}; 0: not known before "
@@ -229,6 +235,22 @@ def _install_model_hooks() -> None:
 
     _wrap(_TRAINER, "compile", compile_wrapper)
     _wrap(_TF_TRAINER, "fit", fit_wrapper)
+
+
+def _install_micro_batch_hooks() -> None:
+    def train_step(original):
+        def train_step(self, data):
+            strategy = _glp_strategy(self)
+            if strategy is None or not strategy.micro_batches:
+                return original(self, data)
+            return micro_batches.train_step(self, data, strategy)
+        return train_step
+
+    _wrap(_TF_TRAINER, "train_step", train_step)
+    _wrap(_LOSSES, "scale_loss_for_distribution",
+          lambda original: micro_batches.scale_for_distribution(original, inverse=False))
+    _wrap(_LOSSES, "unscale_loss_for_distribution",
+          lambda original: micro_batches.scale_for_distribution(original, inverse=True))
 
 
 def _upgraded(callback):

@@ -44,6 +44,7 @@ from tf_glp import _keras_compat
 from tf_glp.ops import FusedKerasUpdate, host_reduce, supports_fused_update
 from tf_glp.strategy import chunking as chunking_lib
 from tf_glp.strategy import cost_model, devices as devices_lib, hooks, multi_worker
+from tf_glp.strategy import micro_batches as micro_batches_lib
 from tf_glp.strategy.cross_device_ops import (
     HostCrossDeviceOps,
     byte_sizes,
@@ -86,6 +87,12 @@ class Strategy(tf.distribute.Strategy):
         cpu_replicas: Number of logical CPU replicas when there are no GPUs
             (default 2), or to force CPU replicas on a GPU machine. Per
             worker when training across workers.
+        micro_batches: None (default), or M: every global batch is cut into
+            M equal micro-batches whose gradients are computed one by one
+            and added on the host in a fixed order, so that any replica
+            count dividing M applies the same update, bit for bit, as one
+            device running the M micro-batches in turn (see
+            micro_batches.py for what is not invariant yet). One machine.
         cluster_resolver: A tf.distribute.cluster_resolver.ClusterResolver
             (e.g. SlurmClusterResolver) to train across workers; without
             it, TF_CONFIG's cluster when that variable is set (as
@@ -94,7 +101,8 @@ class Strategy(tf.distribute.Strategy):
             TensorFlow's collective all-reduce (multi_worker.py).
 
     Raises:
-        ValueError: for an unknown update, chunking or compression.
+        ValueError: for an unknown update, chunking or compression, or a
+            replica count that does not divide micro_batches.
         RuntimeError: if logical CPU devices are needed but TensorFlow has
             already initialised its devices with fewer.
 
@@ -108,7 +116,7 @@ class Strategy(tf.distribute.Strategy):
     """
 
     def __new__(cls, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None,
-                cluster_resolver=None):
+                cluster_resolver=None, micro_batches=None):
         if cls is Strategy:
             if update not in _UPDATES:
                 raise ValueError(f"update must be 'host' or 'replicas', got {update!r}")
@@ -121,7 +129,7 @@ class Strategy(tf.distribute.Strategy):
     # Marks tf_glp strategies for hooks.py (which must not import this module).
     _is_tf_glp_strategy = True
 
-    def _glp_setup(self, devices, update, chunking, compression, cpu_replicas) -> list[str]:
+    def _glp_setup(self, devices, update, chunking, compression, cpu_replicas, micro_batches=None) -> list[str]:
         # Each setting is validated and kept by its owner: the chunk plan and
         # the host reductions (which compress).
         chunking_state = chunking_lib.Chunking(chunking)
@@ -134,6 +142,7 @@ class Strategy(tf.distribute.Strategy):
         if not devices:
             raise ValueError("devices must not be empty")
         self.update = update
+        self.micro_batches = micro_batches_lib.check_setting(micro_batches, len(devices))
         self.chunking_state = chunking_state
         self._host_ops = host_ops
         self._rates: cost_model.HostRates | None = None
@@ -211,6 +220,28 @@ class Strategy(tf.distribute.Strategy):
         # outside the replicas' function, reaches the merge as one value and
         # is counted once, as in stock MirroredStrategy's all-reduce.)
         tf.distribute.get_replica_context().merge_call(merge_fn, args=(list(grads),))
+
+    def _apply_micro_batches(self, optimizer, gradients, variables) -> None:
+        """The optimizer step of a micro-batched train step
+        (micro_batches.py): `gradients[j]` are this replica's gradients of
+        its j-th micro-batch. One merge; there each variable's M gradients
+        are added on the host in the fixed pairwise order of
+        micro_batches.tree_sum, and Keras' own apply runs once on the sums,
+        as in _apply_once."""
+        _check_not_xla()
+
+        def merge_fn(strategy, gradients):
+            summed, updated = [], []
+            with tf.device(self._host_ops.host_device):
+                for parts, variable in zip(micro_batches_lib.in_micro_batch_order(strategy, gradients), variables):
+                    if parts is not None:  # (sparse gradients are added as dense ones)
+                        summed.append(micro_batches_lib.tree_sum([tf.identity(tf.convert_to_tensor(p))
+                                                                  for p in parts]))
+                        updated.append(variable)
+            with self._optimizer_step(optimizer, updated):
+                optimizer.apply(summed, updated)
+
+        tf.distribute.get_replica_context().merge_call(merge_fn, args=(gradients,))
 
     def _optimizer_step(self, optimizer, variables):
         return contextlib.nullcontext()
@@ -317,8 +348,8 @@ class HostStrategy(_HostUpdate, Strategy, tf.distribute.MirroredStrategy):
     """tf_glp.Strategy with update="host" (see Strategy)."""
 
     def __init__(self, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None,
-                 cluster_resolver=None):
-        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
+                 cluster_resolver=None, micro_batches=None):
+        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas, micro_batches)
         tf.distribute.Strategy.__init__(self, HostMirroredExtended(self, devices, self._host_ops, HOST_DEVICE))
 
 
@@ -326,8 +357,8 @@ class ReplicaStrategy(Strategy, tf.distribute.MirroredStrategy):
     """tf_glp.Strategy with update="replicas" (see Strategy)."""
 
     def __init__(self, devices=None, *, update: str = "replicas", chunking="auto", compression=None, cpu_replicas=None,
-                 cluster_resolver=None):
-        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
+                 cluster_resolver=None, micro_batches=None):
+        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas, micro_batches)
         _MirroredStrategy.__init__(self, devices=devices, cross_device_ops=self._host_ops)
 
 
@@ -364,8 +395,12 @@ class MultiWorkerReplicaStrategy(_MultiWorkerKerasFixes, Strategy, tf.distribute
     _extended_class = multi_worker.CollectiveHostExtended
 
     def __init__(self, devices=None, *, update: str = "replicas", chunking="auto", compression=None, cpu_replicas=None,
-                 cluster_resolver=None):
-        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas)
+                 cluster_resolver=None, micro_batches=None):
+        if micro_batches is not None:
+            raise ValueError(
+                f"tf_glp.Strategy(micro_batches={micro_batches!r}) is not supported across workers yet: the "
+                f"workers' sums meet in TensorFlow's collective all-reduce, whose order tf_glp does not set")
+        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas, micro_batches)
         resolver = multi_worker.resolve_cluster(cluster_resolver)
         tf.distribute.Strategy.__init__(self, self._extended_class(self, resolver, devices, self._host_ops))
 
@@ -378,9 +413,9 @@ class MultiWorkerHostStrategy(_HostUpdate, MultiWorkerReplicaStrategy):
     _extended_class = multi_worker.MultiWorkerHostExtended
 
     def __init__(self, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None,
-                 cluster_resolver=None):
+                 cluster_resolver=None, micro_batches=None):
         super().__init__(devices, update=update, chunking=chunking, compression=compression,
-                         cpu_replicas=cpu_replicas, cluster_resolver=cluster_resolver)
+                         cpu_replicas=cpu_replicas, cluster_resolver=cluster_resolver, micro_batches=micro_batches)
 
 
 def _measure_host_rates(uses_gpus: bool) -> cost_model.HostRates:

@@ -1,0 +1,127 @@
+"""tf_glp.Strategy(micro_batches=M): the same update, bit for bit, on every
+replica count dividing M (tf_glp/strategy/micro_batches.py)."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_glp
+from tf_glp.strategy import micro_batches
+
+L = keras.layers
+M = 4
+BATCH = 16
+STEPS = 8
+
+
+def _data():
+    rng = np.random.default_rng(5)
+    x = rng.random((BATCH * STEPS, 6, 6, 2), dtype=np.float32)
+    y = rng.integers(0, 3, BATCH * STEPS)
+    return x, y
+
+
+def _model():
+    keras.utils.set_random_seed(11)
+    return keras.Sequential([keras.Input((6, 6, 2)), L.Conv2D(4, 3, activation="relu"), L.Flatten(),
+                             L.Dense(8, activation="tanh"), L.Dense(3)])
+
+
+def _train(replicas, update, optimizer=lambda: keras.optimizers.Adam(1e-2), micro=M):
+    strategy = tf_glp.Strategy([f"/cpu:{i}" for i in range(replicas)], update=update, micro_batches=micro)
+    with strategy.scope():
+        model = _model()
+        model.compile(optimizer=optimizer(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(*_data(), batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    return model, history.history["loss"]
+
+
+def _state(model):
+    return [(v.path, v.numpy()) for v in model.weights + model.optimizer.variables]
+
+
+@pytest.mark.parametrize("update", ["host", "replicas"])
+def test_every_replica_count_dividing_m_trains_bitwise_alike(update, exact_arithmetic):
+    reference, reference_loss = _train(1, update)
+    for replicas in (2, 4):
+        model, loss = _train(replicas, update)
+        for (path, a), (_, b) in zip(_state(model), _state(reference), strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"{replicas} replicas, {path}")
+        np.testing.assert_allclose(loss, reference_loss, rtol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", [lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+                                       lambda: keras.optimizers.AdamW(1e-2, weight_decay=0.1),
+                                       lambda: keras.optimizers.RMSprop(1e-2, clipnorm=1.0)],
+                         ids=["momentum", "adamw", "rmsprop_clipnorm"])
+def test_other_optimizers_are_invariant_too(optimizer, exact_arithmetic):
+    reference, _ = _train(1, "host", optimizer)
+    model, _ = _train(2, "host", optimizer)
+    for (path, a), (_, b) in zip(_state(model), _state(reference), strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=path)
+
+
+def test_the_update_is_the_micro_batches_mean_gradient_added_in_tree_order():
+    # One device, by hand: each micro-batch's gradient of its mean loss / M,
+    # added in micro_batches.tree_sum's order, then Keras' Adam.
+    x, y = _data()
+    model = _model()
+    optimizer = keras.optimizers.Adam(1e-2)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    size = BATCH // M
+    for step in range(STEPS):
+        grads = []
+        for m in range(M):
+            start = step * BATCH + m * size
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y[start:start + size], model(x[start:start + size], training=True)) / M
+            grads.append(tape.gradient(loss, model.trainable_weights))
+        optimizer.apply([micro_batches.tree_sum([g[i] for g in grads]) for i in range(len(grads[0]))],
+                        model.trainable_weights)
+    trained, _ = _train(2, "host")
+    for a, b in zip(trained.weights, model.weights, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=1e-6, err_msg=b.path)
+
+
+def test_tree_sum_order():
+    values = [tf.constant(v) for v in (1e8, 1.0, -1e8, 1.0, 3.0)]
+    # ((1e8 + 1) + (-1e8 + 1)) + 3 in float32: 1e8 + 1 rounds to 1e8.
+    assert float(micro_batches.tree_sum(values)) == float(np.float32(np.float32(1e8) + np.float32(-1e8 + 1)) + 3)
+    assert float(micro_batches.tree_sum(values[:1])) == 1e8
+
+
+@pytest.mark.parametrize("value, message", [
+    (3, "the 2 replicas do not divide 3 micro-batches"), (0, "positive int"), (2.0, "positive int"),
+    (True, "positive int")])
+def test_bad_settings_name_the_numbers(value, message):
+    with pytest.raises(ValueError, match=message):
+        tf_glp.Strategy(["/cpu:0", "/cpu:1"], micro_batches=value)
+
+
+def test_a_global_batch_the_micro_batches_do_not_divide_is_refused_at_fit():
+    strategy = tf_glp.Strategy(["/cpu:0", "/cpu:1"], micro_batches=4)
+    with strategy.scope():
+        model = _model()
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(ValueError, match="global batch size 18 does not divide into 4 equal micro-batches"):
+        model.fit(*_data(), batch_size=18, epochs=1, verbose=0)
+
+
+def test_a_custom_train_step_is_refused_and_varying_layers_are_named():
+    class Custom(keras.Sequential):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    strategy = tf_glp.Strategy(["/cpu:0", "/cpu:1"], micro_batches=2)
+    with strategy.scope():
+        model = Custom([keras.Input((6, 6, 2)), L.Flatten(), L.Dense(3)])
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(ValueError, match="Custom overrides train_step"):
+        model.fit(*_data(), batch_size=BATCH, epochs=1, verbose=0)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6, 6, 2)), L.Flatten(), L.Dropout(0.2, name="drop"),
+                                  L.BatchNormalization(name="norm"), L.Dense(3)])
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.warns(UserWarning, match=r"drop \(Dropout\), norm \(BatchNormalization\) still depend"):
+        model.fit(*_data(), batch_size=BATCH, epochs=1, verbose=0)
