@@ -79,13 +79,17 @@ INTERNALS = {
     ("keras.src.losses", "loss", "scale_loss_for_distribution"): "patched: 1/M per micro-batch (micro_batches.py)",
     ("keras.src.losses", "loss", "unscale_loss_for_distribution"): "patched: the same, undone for the logs",
     ("keras.src.layers.layer", "Layer", "_flatten_layers"): "a model's layers, nested ones included (all_layers)",
+    ("keras.src.random.seed_generator", "SeedGenerator", "next"):
+        "patched: one random stream per micro-batch (micro_batches.py)",
+    ("keras.src.layers.normalization.batch_normalization", "BatchNormalization", "_moments"):
+        "patched: each micro-batch's moments recorded (micro_batches.py)",
 }
 
 # Instance attributes, checked on real objects by tests/test_keras_compat.py:
 # an optimizer's slot lists (adam_slots, built_variables), the Keras
 # name-scope stack (creating_optimizer_variable), a Keras variable's
 # tf.Variable (keras_variable_value), a model's `_loss_tracker` and
-# `_call_has_training_arg` and a layer's `_seed_generators` (micro-batches),
+# `_call_has_training_arg` (micro-batches),
 # a model's `_initial_epoch` and a
 # callback's `_last_batch_seen` (tf_glp.callbacks.BackupAndRestore), and a
 # built Conv2D / Dense layer's `_kernel` and `_build_shapes_dict`, which
@@ -143,11 +147,6 @@ def call_has_training_arg(model) -> bool:
 def all_layers(model) -> list:
     """Every layer inside `model`, nested ones included."""
     return list(model._flatten_layers(include_self=False, recursive=True))  # noqa: SLF001
-
-
-def seed_generators(layer) -> list:
-    """The layer's own random-number generators (Dropout's, noise's, ...)."""
-    return list(getattr(layer, "_seed_generators", []))
 
 
 # -- optimizer internals ------------------------------------------------------

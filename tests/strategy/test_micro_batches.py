@@ -108,7 +108,7 @@ def test_a_global_batch_the_micro_batches_do_not_divide_is_refused_at_fit():
         model.fit(*_data(), batch_size=18, epochs=1, verbose=0)
 
 
-def test_a_custom_train_step_is_refused_and_varying_layers_are_named():
+def test_a_custom_train_step_is_refused_and_renorm_is_named():
     class Custom(keras.Sequential):
         def train_step(self, data):
             return super().train_step(data)
@@ -120,8 +120,89 @@ def test_a_custom_train_step_is_refused_and_varying_layers_are_named():
     with pytest.raises(ValueError, match="Custom overrides train_step"):
         model.fit(*_data(), batch_size=BATCH, epochs=1, verbose=0)
     with strategy.scope():
-        model = keras.Sequential([keras.Input((6, 6, 2)), L.Flatten(), L.Dropout(0.2, name="drop"),
-                                  L.BatchNormalization(name="norm"), L.Dense(3)])
+        model = keras.Sequential([keras.Input((6, 6, 2)), L.Flatten(), L.BatchNormalization(renorm=True, name="norm"),
+                                  L.Dense(3)])
         model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    with pytest.warns(UserWarning, match=r"drop \(Dropout\), norm \(BatchNormalization\) still depend"):
+    with pytest.warns(UserWarning, match=r"norm \(BatchNormalization with renorm\) still depend"):
         model.fit(*_data(), batch_size=BATCH, epochs=1, verbose=0)
+
+
+def _model_people_train():
+    keras.utils.set_random_seed(11)
+    inputs = keras.Input((6, 6, 2))
+    h = L.RandomFlip("horizontal", seed=3)(inputs)
+    h = L.GaussianNoise(0.1, seed=4)(h)
+    h = L.Conv2D(4, 3, activation="relu")(h)
+    h = L.BatchNormalization()(h)
+    h = L.Flatten()(h)
+    h = L.Dense(8, activation="relu")(h)
+    h = L.Dropout(0.3, seed=5)(h)
+    return keras.Model(inputs, L.Dense(3)(h))
+
+
+def _train_everything(replicas, update, steps=20):
+    strategy = tf_glp.Strategy([f"/cpu:{i}" for i in range(replicas)], update=update, micro_batches=M)
+    rng = np.random.default_rng(8)
+    x = rng.random((BATCH * steps, 6, 6, 2), dtype=np.float32)
+    y = rng.integers(0, 3, BATCH * steps)
+    with strategy.scope():
+        model = _model_people_train()
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), metrics=["accuracy"],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    state = [(v.path, v.numpy()) for v in model.variables + model.optimizer.variables]
+    # (Each replica holds the whole batch's metric state: the variables read
+    # as their sum over the replicas, the results as the one value.)
+    results = {metric.name: metric.result() for metric in model.metrics}
+    state += [(name, np.asarray(tf.nest.flatten(value))) for name, value in sorted(results.items())]
+    return state, history.history
+
+
+@pytest.mark.parametrize("update", ["host", "replicas"])
+def test_batch_norm_dropout_augmentation_metrics_are_invariant_too(update, exact_arithmetic):
+    reference, reference_history = _train_everything(1, update)
+    assert any("seed_generator_state" in path for path, _ in reference)
+    assert any("moving_mean" in path for path, _ in reference)
+    for replicas in (2, 4):
+        state, history = _train_everything(replicas, update)
+        for (path, a), (_, b) in zip(state, reference, strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"{replicas} replicas, {path}")
+        assert history == reference_history, f"{replicas} replicas"
+
+
+class _Interrupt(keras.callbacks.Callback):
+    """Stops training with an error after `at` batches (a failed machine)."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at, self.seen = at, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.at:
+            raise RuntimeError("interrupted by the test")
+
+
+def _fit_people_train(replicas, callbacks=(), steps=10, epochs=2):
+    strategy = tf_glp.Strategy([f"/cpu:{i}" for i in range(replicas)], micro_batches=M)
+    rng = np.random.default_rng(8)
+    x = rng.random((BATCH * steps, 6, 6, 2), dtype=np.float32)
+    y = rng.integers(0, 3, BATCH * steps)
+    with strategy.scope():
+        model = _model_people_train()
+        model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=list(callbacks))
+    return [(v.path, v.numpy()) for v in model.variables + model.optimizer.variables]
+
+
+def test_an_elastic_restart_on_fewer_replicas_ends_where_the_uninterrupted_job_ends(tmp_path, exact_arithmetic):
+    uninterrupted = _fit_people_train(4)
+    backup = str(tmp_path / "backup")
+    with pytest.raises(RuntimeError, match="interrupted by the test"):
+        _fit_people_train(4, [keras.callbacks.BackupAndRestore(backup, save_freq=3), _Interrupt(14)])
+    resumed = _fit_people_train(2, [keras.callbacks.BackupAndRestore(backup, save_freq=3)])
+    for (path, a), (_, b) in zip(resumed, uninterrupted, strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=path)
+    with pytest.raises(ValueError, match=r"micro_batches=4\): the 3 replicas do not divide 4 micro-batches"):
+        tf_glp.Strategy(["/cpu:0", "/cpu:1", "/cpu:2"], micro_batches=4)

@@ -91,10 +91,20 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         if self.model.optimizer is not None and not self.model.optimizer.built:
             self.model.optimizer.build(self.model.trainable_variables)
         self.model.load_weights(os.path.join(self.backup_dir, metadata["weights"]))
-        state = metadata.get("state_not_in_weights", {})
-        for variable in _state_not_in_weights(self.model):
-            if variable.path in state:
-                variable.assign(np.asarray(state[variable.path], dtype=variable.dtype))
+        state = metadata.get("state_not_in_weights", [])
+        variables = _state_not_in_weights(self.model)
+        if isinstance(state, dict):  # written by an earlier tf_glp: {path: value}
+            pairs = [(v, state[v.path]) for v in variables if v.path in state]
+        elif len(state) == len(variables):
+            # By model order, not path: Keras numbers unnamed generators per
+            # process, so a model built again in one process has other paths.
+            pairs = [(v, entry["value"]) for v, entry in zip(variables, state)]
+        else:
+            raise ValueError(f"tf_glp.callbacks.BackupAndRestore: the backup in {self.backup_dir} holds "
+                             f"{len(state)} random-generator states, the model has {len(variables)}: is it the "
+                             f"same model?")
+        for variable, value in pairs:
+            variable.assign(np.asarray(value, dtype=variable.dtype))
         _keras_compat.set_initial_epoch(self.model, metadata["epoch"])
         self._batches_to_skip = int(metadata.get("batches_done", 0))
         return None
@@ -147,8 +157,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             _write_atomically(os.path.join(folder, _METADATA),
                               {"epoch": self._epoch, "batch": _keras_compat.last_batch_seen(self),
                                "batches_done": self._batches_done, "weights": name,
-                               "state_not_in_weights": {v.path: np.asarray(v.numpy()).tolist()
-                                                        for v in _state_not_in_weights(self.model)}})
+                               "state_not_in_weights": [{"path": v.path, "value": np.asarray(v.numpy()).tolist()}
+                                                        for v in _state_not_in_weights(self.model)]})
             for old in glob.glob(os.path.join(folder, "backup-*.weights.h5")):
                 if os.path.basename(old) != name:
                     os.remove(old)

@@ -24,8 +24,9 @@ tf_glp.Strategy:
   outside XLA); jit_compile=True is refused with a clear message. (Patched
   on Keras' Trainer itself: Keras treats a Model whose compile differs from
   Trainer.compile as custom and then skips compile when loading it.)
-- TensorFlowTrainer.train_step and Keras' (un)scale_loss_for_distribution:
-  a micro-batched step (micro_batches.py), only under micro_batches=M.
+- TensorFlowTrainer.train_step, Keras' (un)scale_loss_for_distribution,
+  SeedGenerator.next and BatchNormalization._moments: a micro-batched step
+  (micro_batches.py), only under micro_batches=M.
 - TensorFlowTrainer.fit: refuses a global batch that does not divide by the
   replica count (or, with micro_batches, by M), decides chunking="auto" (chunking_decision.py), and puts
   tf_glp's BackupAndRestore in place of a plain Keras one (chief-only
@@ -59,6 +60,8 @@ _LOSS_SCALE_OPTIMIZER = ("keras.src.optimizers.loss_scale_optimizer", "LossScale
 _TRAINER = ("keras.src.trainers.trainer", "Trainer")
 _TF_TRAINER = ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer")
 _LOSSES = ("keras.src.losses", "loss")
+_SEED_GENERATOR = ("keras.src.random.seed_generator", "SeedGenerator")
+_BATCH_NORMALIZATION = ("keras.src.layers.normalization.batch_normalization", "BatchNormalization")
 
 
 def _glp_strategy(obj):
@@ -247,6 +250,8 @@ def _install_micro_batch_hooks() -> None:
         return train_step
 
     _wrap(_TF_TRAINER, "train_step", train_step)
+    _wrap(_SEED_GENERATOR, "next", micro_batches.seed_next)
+    _wrap(_BATCH_NORMALIZATION, "_moments", micro_batches.batch_norm_moments)
     _wrap(_LOSSES, "scale_loss_for_distribution",
           lambda original: micro_batches.scale_for_distribution(original, inverse=False))
     _wrap(_LOSSES, "unscale_loss_for_distribution",

@@ -14,13 +14,28 @@ step runs once on the sums (Strategy._apply_once's path). So every replica
 count dividing M applies the same update, bit for bit, as one device
 running the M micro-batches in turn.
 
-What this module does not make invariant yet (warned at fit start, naming
-the layers): BatchNormalization normalises with each micro-batch's
-statistics but updates its moving averages per micro-batch, replica by
-replica; layers drawing random numbers (Dropout, noise, augmentation) draw
-per replica, not per micro-batch. Across workers micro_batches is refused:
-the workers' sums meet in TensorFlow's collective all-reduce, whose order
-tf_glp does not set.
+Everything else a step touches is invariant the same way (all combined in
+the one merge of the step, in micro-batch order, on the host):
+- Randomness: the t-th draw of a seed generator (Dropout, noise,
+  augmentation layers) in micro-batch m uses the generator's state at the
+  step's start plus [0, t*M + m]; the state then moves on by its draws
+  times M (seed_next). One stream per (step, micro-batch).
+- BatchNormalization normalises with each micro-batch's own statistics (as
+  one device running the micro-batches would); its moving averages are
+  updated once per step, from the mean of the M micro-batches' means and
+  the mean of their variances (tree sums times 1/M): not stock per-replica
+  BatchNormalization, whose averages follow each replica's share.
+- The logged loss is the tree sum of the micro-batches' scaled losses;
+  the compiled metrics are updated on every replica with the whole global
+  batch's targets and predictions, gathered in order, so each replica's
+  metric state is the same (the epoch's logs read their sum over the
+  replicas: exact for replica counts that are powers of two).
+
+Not invariant: per-output loss metrics of multi-output models (updated per
+micro-batch and replica inside Keras' loss), BatchNormalization with
+renorm, and seed-less random ops (Keras' global generator). Across workers
+micro_batches is refused: the workers' sums meet in TensorFlow's
+collective all-reduce, whose order tf_glp does not set.
 """
 
 from __future__ import annotations
@@ -52,7 +67,7 @@ def check_setting(micro_batches, replicas: int) -> int | None:
 
 def check_fit(model, strategy, global_batch: int | None) -> None:
     """At fit start: a global batch the micro-batches divide, Keras' own
-    train_step, and a warning naming the layers not yet invariant."""
+    train_step, and a warning naming layers that are not invariant."""
     m = strategy.micro_batches
     if global_batch and global_batch % m:
         raise ValueError(
@@ -63,32 +78,18 @@ def check_fit(model, strategy, global_batch: int | None) -> None:
             f"tf_glp.Strategy(micro_batches={m}) runs Keras' own train_step once per micro-batch; "
             f"{type(model).__name__} overrides train_step, which computes one gradient for the whole batch. "
             f"Use micro_batches=None with a custom train_step.")
-    varying = [f"{layer.name} ({type(layer).__name__})" for layer in _keras_compat.all_layers(model)
-               if isinstance(layer, keras.layers.BatchNormalization) or _keras_compat.seed_generators(layer)]
+    varying = [f"{layer.name} (BatchNormalization with renorm)" for layer in _keras_compat.all_layers(model)
+               if isinstance(layer, keras.layers.BatchNormalization) and layer.renorm]
     if varying:
         warnings.warn(
             f"tf_glp.Strategy(micro_batches={m}): {', '.join(varying)} still depend on the replica count "
-            f"(BatchNormalization's moving averages are updated per micro-batch and replica; random layers draw "
-            f"per replica): the weights are the same on any replica count only without them. See "
+            f"(renorm's moving statistics are updated per micro-batch and replica). See "
             f"tf_glp/strategy/micro_batches.py.", stacklevel=3)
 
 
 def _overrides_train_step(model) -> bool:
     trainer = _keras_compat.keras_class("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer")
     return type(model).train_step is not trainer.train_step
-
-
-def scale_for_distribution(original, inverse: bool):
-    """Keras' scale_loss_for_distribution (inverse=False: times 1/N) and
-    unscale_loss_for_distribution (True: times N), with M in place of N
-    inside a micro-batched step (Note [Micro-batches])."""
-    def scaled(value):
-        m = getattr(_state, "micro_batches", None)
-        if m is None:
-            return original(value)
-        factor = float(m) if inverse else 1.0 / m
-        return keras.ops.multiply(value, keras.ops.cast(factor, value.dtype))
-    return scaled
 
 
 def _split(tensor, pieces: int, m: int):
@@ -110,10 +111,83 @@ def _split(tensor, pieces: int, m: int):
         return tf.split(tensor, pieces, axis=0)
 
 
+class _MicroStep:
+    """What the hooks record while one replica traces its micro-batches:
+    which micro-batch runs (`index`, m of Note [Micro-batches]), each seed
+    generator's draws in it, and each BatchNormalization's moments."""
+
+    def __init__(self, micro_batches: int, first_index):
+        self.micro_batches = micro_batches
+        self.first_index = first_index  # this replica's first m (an int or a scalar tensor)
+        self.index = first_index
+        self.draws: dict[int, int] = {}
+        self.generators: dict[int, object] = {}
+        self.moments: dict[int, list] = {}  # id(layer) -> [(mean, variance) per micro-batch]
+
+    def begin(self, j: int) -> None:
+        self.index = self.first_index + j
+        self.draws = {}
+
+
+def _current():
+    return getattr(_state, "step", None)
+
+
+def scale_for_distribution(original, inverse: bool):
+    """Keras' scale_loss_for_distribution (inverse=False: times 1/N) and
+    unscale_loss_for_distribution (True: times N), with M in place of N
+    inside a micro-batched step (Note [Micro-batches])."""
+    def scaled(value):
+        step = _current()
+        if step is None:
+            return original(value)
+        m = step.micro_batches
+        factor = float(m) if inverse else 1.0 / m
+        return keras.ops.multiply(value, keras.ops.cast(factor, value.dtype))
+    return scaled
+
+
+def seed_next(original):
+    """SeedGenerator.next inside a micro-batched step: the t-th draw of a
+    generator in micro-batch m uses its step-start state plus [0, t*M + m],
+    and the state moves on by draws * M when the step ends (advance_seeds):
+    one stream per (step, micro-batch), whichever replica runs it."""
+    def next(self, ordered=True):  # noqa: A001 (Keras' name)
+        step = _current()
+        if step is None or not ordered:
+            return original(self, ordered)
+        draw = step.draws.get(id(self), 0)
+        step.draws[id(self)] = draw + 1
+        step.generators[id(self)] = (self, max(draw + 1, step.generators.get(id(self), (None, 0))[1]))
+        offset = tf.cast(draw * step.micro_batches + step.index, self.state.dtype)
+        return self.state.value + tf.stack([tf.zeros_like(offset), offset])
+    return next
+
+
+def batch_norm_moments(original):
+    """BatchNormalization._moments inside a micro-batched step: recorded per
+    micro-batch (the moving averages are then set from them, combine_moments)."""
+    def _moments(self, inputs, mask):
+        mean, variance = original(self, inputs, mask)
+        step = _current()
+        if step is not None:
+            step.moments.setdefault(id(self), []).append((mean, variance))
+        return mean, variance
+    return _moments
+
+
+def _replica_index(strategy):
+    context = tf.distribute.get_replica_context()
+    return context.replica_id_in_sync_group if context is not None else 0
+
+
 def train_step(model, data, strategy):
     """Keras' train_step (keras/src/backend/tensorflow/trainer.py), run on
-    each of this replica's micro-batches in turn; the gradients go to the
-    host as they are (Strategy._apply_micro_batches)."""
+    each of this replica's micro-batches in turn. One merge then combines,
+    in micro-batch order on the host: the gradients (the optimizer step),
+    BatchNormalization's moments (its moving averages), the losses and the
+    global batch's targets and predictions, with which every replica
+    updates its metrics identically (Note [Micro-batches])."""
     m = strategy.micro_batches
     pieces = m // strategy.num_replicas_in_sync
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -121,27 +195,78 @@ def train_step(model, data, strategy):
     split = [_split(t, pieces, m) for t in tf.nest.flatten(structure)]
     micro = [tf.nest.pack_sequence_as(structure, [parts[j] for parts in split]) for j in range(pieces)]
     weights = model.trainable_weights
-    gradients, predictions = [], []
-    _state.micro_batches = m
+    norms = [layer for layer in _keras_compat.all_layers(model)
+             if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable and not layer.renorm]
+    # The moving averages as the step found them (read before any micro-batch writes them).
+    starts = [(tf.identity(layer.moving_mean.value), tf.identity(layer.moving_variance.value)) for layer in norms]
+    step = _MicroStep(m, _replica_index(strategy) * pieces)
+    gradients, predictions, losses = [], [], []
+    _state.step = step
     try:
-        for x_j, y_j, weight_j in micro:
+        for j, (x_j, y_j, weight_j) in enumerate(micro):
+            step.begin(j)
             with tf.GradientTape() as tape:
                 y_pred = model(x_j, training=True) if _keras_compat.call_has_training_arg(model) else model(x_j)
                 loss = _keras_compat.compute_loss(model, x_j, y_j, y_pred, weight_j)
-                _keras_compat.loss_tracker(model).update_state(
-                    loss * float(m), sample_weight=tf.shape(tf.nest.flatten(x_j)[0])[0])
+                losses.append(loss)
                 if model.optimizer is not None:
                     loss = model.optimizer.scale_loss(loss)
             gradients.append(tape.gradient(loss, weights) if weights else [])
             predictions.append(y_pred)
     finally:
-        _state.micro_batches = None
-    if weights:
-        strategy._apply_micro_batches(model.optimizer, gradients, weights)
-    else:
+        _state.step = None
+    for generator, draws in step.generators.values():
+        generator.state.assign(generator.state.value + tf.constant([0, draws * m], generator.state.dtype))
+    # (A layer this step did not call keeps its averages.)
+    called = [i for i, layer in enumerate(norms) if step.moments.get(id(layer))]
+    norms, starts = [norms[i] for i in called], [starts[i] for i in called]
+    moments = [step.moments[id(layer)] for layer in norms]
+    if not weights:
         warnings.warn("The model does not have any trainable weights.", stacklevel=2)
-    y_pred = tf.nest.map_structure(lambda *parts: tf.concat(parts, axis=0), *predictions)
-    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    shared = {"losses": losses, "y": [t[1] for t in micro], "y_pred": predictions,
+              "sample_weight": [t[2] for t in micro], "moments": moments}
+    combined = strategy._apply_micro_batches(model.optimizer, gradients, weights, shared)
+    for layer, (mean_start, variance_start), (mean, variance) in zip(norms, starts, combined["moments"]):
+        momentum = layer.momentum
+        layer.moving_mean.assign(mean_start * momentum + tf.cast(mean, mean_start.dtype) * (1.0 - momentum))
+        layer.moving_variance.assign(variance_start * momentum
+                                     + tf.cast(variance, variance_start.dtype) * (1.0 - momentum))
+    global_batch = tf.shape(tf.nest.flatten(combined["y_pred"])[0])[0]
+    _keras_compat.loss_tracker(model).update_state(combined["loss"], sample_weight=global_batch)
+    return model.compute_metrics(None, combined["y"], combined["y_pred"], sample_weight=combined["sample_weight"])
+
+
+def combine(strategy, shared) -> dict:
+    """In the merge: the replicas' micro-batch values in micro-batch order,
+    combined on the host. The loss is the mean of the micro-batches' losses
+    (each already the micro-batch's mean times 1/M: their tree sum); the
+    moments are each BatchNormalization's mean of the micro-batches' means
+    and of their variances (tree sums times 1/M); targets, predictions and
+    sample weights are the global batch's, concatenated in order."""
+    m = strategy.micro_batches
+
+    def on_host(per_step):
+        return [tf.identity(value) for value in _in_order(strategy, per_step)]
+
+    def gather(per_step):
+        """The global batch of one structured value (None stays None)."""
+        leaves = [tf.nest.flatten(value) for value in per_step]
+        if all(leaf is None for leaves_j in leaves for leaf in leaves_j):
+            return None
+        columns = []
+        for i in range(len(leaves[0])):
+            columns.append(tf.concat(on_host([leaves_j[i] for leaves_j in leaves]), 0))
+        return tf.nest.pack_sequence_as(per_step[0], columns)
+
+    loss = tree_sum(on_host(shared["losses"]))
+    moments = []
+    for per_layer in shared["moments"]:
+        means = tree_sum(on_host([mean for mean, _ in per_layer]))
+        variances = tree_sum(on_host([variance for _, variance in per_layer]))
+        moments.append((means * (1.0 / m), variances * (1.0 / m)))
+    return {"loss": loss, "moments": moments,
+            "y": gather(shared["y"]), "y_pred": gather(shared["y_pred"]),
+            "sample_weight": gather(shared["sample_weight"])}
 
 
 def tree_sum(values: list):
@@ -156,19 +281,25 @@ def tree_sum(values: list):
     return values[0]
 
 
-def in_micro_batch_order(strategy, gradients_per_replica_step: list) -> list[list]:
-    """Per variable, its M gradients in micro-batch order m = r * M/N + j
-    (replica r's j-th micro-batch), from the merge's per-replica values:
-    gradients_per_replica_step[j][i] is variable i's gradient of each
-    replica's j-th micro-batch. None where a variable has no gradient."""
-    replicas = strategy.num_replicas_in_sync
-    count = len(gradients_per_replica_step[0]) if gradients_per_replica_step else 0
+def _in_order(strategy, per_step: list) -> list:
+    """One value of each of this replica's micro-batches (per replica in the
+    merge), as [replica 0's micro-batches..., replica 1's, ...]: micro-batch
+    order (Note [Micro-batches])."""
+    out = []
+    for r in range(strategy.num_replicas_in_sync):
+        for value in per_step:
+            local = strategy.experimental_local_results(value)
+            out.append(local[r] if len(local) > 1 else local[0])
+    return out
+
+
+def in_micro_batch_order(strategy, gradients_per_step: list) -> list:
+    """Per variable, its M gradients in micro-batch order, from the merge's
+    per-replica values: gradients_per_step[j][i] is variable i's gradient of
+    each replica's j-th micro-batch. None where a variable has no gradient."""
+    count = len(gradients_per_step[0]) if gradients_per_step else 0
     out = []
     for i in range(count):
-        ordered = []
-        for r in range(replicas):
-            for step in gradients_per_replica_step:
-                local = strategy.experimental_local_results(step[i])
-                ordered.append(local[r] if len(local) == replicas else local[0])
+        ordered = _in_order(strategy, [step[i] for step in gradients_per_step])
         out.append(None if any(g is None for g in ordered) else ordered)
     return out

@@ -221,16 +221,17 @@ class Strategy(tf.distribute.Strategy):
         # is counted once, as in stock MirroredStrategy's all-reduce.)
         tf.distribute.get_replica_context().merge_call(merge_fn, args=(list(grads),))
 
-    def _apply_micro_batches(self, optimizer, gradients, variables) -> None:
-        """The optimizer step of a micro-batched train step
-        (micro_batches.py): `gradients[j]` are this replica's gradients of
-        its j-th micro-batch. One merge; there each variable's M gradients
-        are added on the host in the fixed pairwise order of
-        micro_batches.tree_sum, and Keras' own apply runs once on the sums,
-        as in _apply_once."""
+    def _apply_micro_batches(self, optimizer, gradients, variables, shared: dict) -> dict:
+        """The host's part of a micro-batched train step (micro_batches.py):
+        `gradients[j]` are this replica's gradients of its j-th
+        micro-batch. One merge; there each variable's M gradients are added
+        on the host in the fixed pairwise order of micro_batches.tree_sum,
+        Keras' own apply runs once on the sums (as in _apply_once), and the
+        step's other values are combined (micro_batches.combine), which
+        every replica receives."""
         _check_not_xla()
 
-        def merge_fn(strategy, gradients):
+        def merge_fn(strategy, gradients, shared):
             summed, updated = [], []
             with tf.device(self._host_ops.host_device):
                 for parts, variable in zip(micro_batches_lib.in_micro_batch_order(strategy, gradients), variables):
@@ -238,10 +239,13 @@ class Strategy(tf.distribute.Strategy):
                         summed.append(micro_batches_lib.tree_sum([tf.identity(tf.convert_to_tensor(p))
                                                                   for p in parts]))
                         updated.append(variable)
-            with self._optimizer_step(optimizer, updated):
-                optimizer.apply(summed, updated)
+                combined = micro_batches_lib.combine(strategy, shared)
+            if updated:
+                with self._optimizer_step(optimizer, updated):
+                    optimizer.apply(summed, updated)
+            return combined
 
-        tf.distribute.get_replica_context().merge_call(merge_fn, args=(gradients,))
+        return tf.distribute.get_replica_context().merge_call(merge_fn, args=(gradients, shared))
 
     def _optimizer_step(self, optimizer, variables):
         return contextlib.nullcontext()
