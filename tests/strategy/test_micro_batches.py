@@ -62,9 +62,9 @@ def test_other_optimizers_are_invariant_too(optimizer, exact_arithmetic):
         np.testing.assert_array_equal(a, b, err_msg=path)
 
 
-def test_the_update_is_the_micro_batches_mean_gradient_added_in_tree_order():
+def test_the_update_is_the_micro_batches_mean_gradient_added_in_order():
     # One device, by hand: each micro-batch's gradient of its mean loss / M,
-    # added in micro_batches.tree_sum's order, then Keras' Adam.
+    # added in micro-batch order, then Keras' Adam.
     x, y = _data()
     model = _model()
     optimizer = keras.optimizers.Adam(1e-2)
@@ -77,18 +77,18 @@ def test_the_update_is_the_micro_batches_mean_gradient_added_in_tree_order():
             with tf.GradientTape() as tape:
                 loss = loss_fn(y[start:start + size], model(x[start:start + size], training=True)) / M
             grads.append(tape.gradient(loss, model.trainable_weights))
-        optimizer.apply([micro_batches.tree_sum([g[i] for g in grads]) for i in range(len(grads[0]))],
+        optimizer.apply([((g0 + g1) + g2) + g3 for g0, g1, g2, g3 in zip(*grads)],
                         model.trainable_weights)
     trained, _ = _train(2, "host")
     for a, b in zip(trained.weights, model.weights, strict=True):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=1e-6, err_msg=b.path)
 
 
-def test_tree_sum_order():
+def test_in_order_sum():
     values = [tf.constant(v) for v in (1e8, 1.0, -1e8, 1.0, 3.0)]
-    # ((1e8 + 1) + (-1e8 + 1)) + 3 in float32: 1e8 + 1 rounds to 1e8.
-    assert float(micro_batches.tree_sum(values)) == float(np.float32(np.float32(1e8) + np.float32(-1e8 + 1)) + 3)
-    assert float(micro_batches.tree_sum(values[:1])) == 1e8
+    # (((1e8 + 1) - 1e8) + 1) + 3 in float32: 1e8 + 1 rounds to 1e8.
+    assert float(micro_batches.in_order_sum(values)) == 4.0
+    assert float(micro_batches.in_order_sum(values[:1])) == 1e8
 
 
 @pytest.mark.parametrize("value, message", [
@@ -97,6 +97,11 @@ def test_tree_sum_order():
 def test_bad_settings_name_the_numbers(value, message):
     with pytest.raises(ValueError, match=message):
         tf_glp.Strategy(["/cpu:0", "/cpu:1"], micro_batches=value)
+
+
+def test_micro_batches_with_compression_is_refused():
+    with pytest.raises(ValueError, match="compression='bf16' cannot apply"):
+        tf_glp.Strategy(["/cpu:0", "/cpu:1"], micro_batches=2, compression="bf16")
 
 
 def test_a_global_batch_the_micro_batches_do_not_divide_is_refused_at_fit():
@@ -206,3 +211,13 @@ def test_an_elastic_restart_on_fewer_replicas_ends_where_the_uninterrupted_job_e
         np.testing.assert_array_equal(a, b, err_msg=path)
     with pytest.raises(ValueError, match=r"micro_batches=4\): the 3 replicas do not divide 4 micro-batches"):
         tf_glp.Strategy(["/cpu:0", "/cpu:1", "/cpu:2"], micro_batches=4)
+
+
+def test_what_may_break_invariance_is_named():
+    assert micro_batches.invariance_doubts(["/cpu:0", "/cpu:1"], [], False) == []
+    assert micro_batches.invariance_doubts(["/gpu:0", "/gpu:1"], ["H200", "H200"], True) == []
+    mixed = micro_batches.invariance_doubts(["/gpu:0", "/cpu:0"], ["H200"], True)
+    assert len(mixed) == 1 and "mix CPUs and GPUs" in mixed[0]
+    (different, nondeterministic) = micro_batches.invariance_doubts(["/gpu:0", "/gpu:1"], ["A100", "H200"], False)
+    assert "the GPUs differ (A100, H200)" in different
+    assert "enable_op_determinism()" in nondeterministic

@@ -8,8 +8,8 @@ them one after another (train_step below). Each micro-batch's gradient is
 that of its mean loss times 1/M (the loss Keras scales by 1/N under a
 strategy is scaled by 1/M instead, whatever N: scale_for_distribution), so
 it is computed from the same samples with the same kernels on any replica.
-The host then adds the M gradients of each variable in one fixed pairwise
-order over m (tree_sum), which does not depend on N; Keras' own optimizer
+The host then adds the M gradients of each variable in micro-batch order,
+one after the other (in_order_sum), an order that does not depend on N; Keras' own optimizer
 step runs once on the sums (Strategy._apply_once's path). So every replica
 count dividing M applies the same update, bit for bit, as one device
 running the M micro-batches in turn.
@@ -23,9 +23,9 @@ the one merge of the step, in micro-batch order, on the host):
 - BatchNormalization normalises with each micro-batch's own statistics (as
   one device running the micro-batches would); its moving averages are
   updated once per step, from the mean of the M micro-batches' means and
-  the mean of their variances (tree sums times 1/M): not stock per-replica
+  the mean of their variances (in-order sums times 1/M): not stock per-replica
   BatchNormalization, whose averages follow each replica's share.
-- The logged loss is the tree sum of the micro-batches' scaled losses;
+- The logged loss is the in-order sum of the micro-batches' scaled losses;
   the compiled metrics are updated on every replica with the whole global
   batch's targets and predictions, gathered in order, so each replica's
   metric state is the same (the epoch's logs read their sum over the
@@ -47,6 +47,7 @@ import keras
 import tensorflow as tf
 
 from tf_glp import _keras_compat
+from tf_glp.ops import host_reduce
 
 _state = threading.local()
 
@@ -67,7 +68,8 @@ def check_setting(micro_batches, replicas: int) -> int | None:
 
 def check_fit(model, strategy, global_batch: int | None) -> None:
     """At fit start: a global batch the micro-batches divide, Keras' own
-    train_step, and a warning naming layers that are not invariant."""
+    train_step, and warnings for what may break invariance (the devices,
+    layers that are not invariant)."""
     m = strategy.micro_batches
     if global_batch and global_batch % m:
         raise ValueError(
@@ -78,6 +80,9 @@ def check_fit(model, strategy, global_batch: int | None) -> None:
             f"tf_glp.Strategy(micro_batches={m}) runs Keras' own train_step once per micro-batch; "
             f"{type(model).__name__} overrides train_step, which computes one gradient for the whole batch. "
             f"Use micro_batches=None with a custom train_step.")
+    for doubt in invariance_doubts(strategy.extended.worker_devices, _gpu_names(),
+                                   _keras_compat.op_determinism_enabled()):
+        warnings.warn(f"tf_glp.Strategy(micro_batches={m}): {doubt}", stacklevel=3)
     varying = [f"{layer.name} (BatchNormalization with renorm)" for layer in _keras_compat.all_layers(model)
                if isinstance(layer, keras.layers.BatchNormalization) and layer.renorm]
     if varying:
@@ -85,6 +90,30 @@ def check_fit(model, strategy, global_batch: int | None) -> None:
             f"tf_glp.Strategy(micro_batches={m}): {', '.join(varying)} still depend on the replica count "
             f"(renorm's moving statistics are updated per micro-batch and replica). See "
             f"tf_glp/strategy/micro_batches.py.", stacklevel=3)
+
+
+def invariance_doubts(devices, gpu_names: list[str], determinism: bool) -> list[str]:
+    """What may break invariance on these replicas (README, "The same model
+    on any replica count"): every replica must run the same kernels."""
+    kinds = {"GPU" if "GPU" in tf.DeviceSpec.from_string(d).device_type.upper() else "CPU" for d in devices}
+    doubts = []
+    if len(kinds) > 1:
+        doubts.append(f"the replicas mix CPUs and GPUs ({', '.join(devices)}), whose kernels round differently: "
+                      f"training is not the same on other replica counts")
+    if "GPU" in kinds:
+        if len(set(gpu_names)) > 1:
+            doubts.append(f"the GPUs differ ({', '.join(sorted(set(gpu_names)))}), and so may their kernels' "
+                          f"rounding: training is the same on any replica count only on identical GPUs")
+        if not determinism:
+            doubts.append("GPU kernels may add in a different order on every run (atomics); call "
+                          "tf.config.experimental.enable_op_determinism() for training that is the same on any "
+                          "replica count")
+    return doubts
+
+
+def _gpu_names() -> list[str]:
+    return [tf.config.experimental.get_device_details(gpu).get("device_name", "GPU")
+            for gpu in tf.config.list_physical_devices("GPU")]
 
 
 def _overrides_train_step(model) -> bool:
@@ -239,9 +268,9 @@ def train_step(model, data, strategy):
 def combine(strategy, shared) -> dict:
     """In the merge: the replicas' micro-batch values in micro-batch order,
     combined on the host. The loss is the mean of the micro-batches' losses
-    (each already the micro-batch's mean times 1/M: their tree sum); the
-    moments are each BatchNormalization's mean of the micro-batches' means
-    and of their variances (tree sums times 1/M); targets, predictions and
+    (each already the micro-batch's mean times 1/M: their in-order sum);
+    the moments are each BatchNormalization's mean of the micro-batches'
+    means and of their variances (in-order sums times 1/M); targets, predictions and
     sample weights are the global batch's, concatenated in order."""
     m = strategy.micro_batches
 
@@ -258,27 +287,23 @@ def combine(strategy, shared) -> dict:
             columns.append(tf.concat(on_host([leaves_j[i] for leaves_j in leaves]), 0))
         return tf.nest.pack_sequence_as(per_step[0], columns)
 
-    loss = tree_sum(on_host(shared["losses"]))
+    loss = in_order_sum(on_host(shared["losses"]))
     moments = []
     for per_layer in shared["moments"]:
-        means = tree_sum(on_host([mean for mean, _ in per_layer]))
-        variances = tree_sum(on_host([variance for _, variance in per_layer]))
+        means = in_order_sum(on_host([mean for mean, _ in per_layer]))
+        variances = in_order_sum(on_host([variance for _, variance in per_layer]))
         moments.append((means * (1.0 / m), variances * (1.0 / m)))
     return {"loss": loss, "moments": moments,
             "y": gather(shared["y"]), "y_pred": gather(shared["y_pred"]),
             "sample_weight": gather(shared["sample_weight"])}
 
 
-def tree_sum(values: list):
-    """The sum of `values` in one fixed pairwise order: neighbours first,
-    level by level (an odd last value moves up a level as it is)."""
-    values = list(values)
-    while len(values) > 1:
-        paired = [values[i] + values[i + 1] for i in range(0, len(values) - 1, 2)]
-        if len(values) % 2:
-            paired.append(values[-1])
-        values = paired
-    return values[0]
+def in_order_sum(values: list):
+    """The sum of `values` (same-shaped float tensors) in list order, one
+    after the other, in float32: ((v0 + v1) + v2) + ... The host engine's
+    reduction (tf_glp.ops.host_reduce) computes exactly that in one pass,
+    bitwise the same whatever the thread count and instruction set."""
+    return host_reduce(list(values))
 
 
 def _in_order(strategy, per_step: list) -> list:

@@ -143,6 +143,9 @@ class Strategy(tf.distribute.Strategy):
             raise ValueError("devices must not be empty")
         self.update = update
         self.micro_batches = micro_batches_lib.check_setting(micro_batches, len(devices))
+        if self.micro_batches and compression:
+            raise ValueError(f"tf_glp.Strategy: micro_batches={micro_batches} sums the micro-batches' gradients in "
+                             f"float32 as they are; compression={compression!r} cannot apply to them: pass one")
         self.chunking_state = chunking_state
         self._host_ops = host_ops
         self._rates: cost_model.HostRates | None = None
@@ -225,7 +228,7 @@ class Strategy(tf.distribute.Strategy):
         """The host's part of a micro-batched train step (micro_batches.py):
         `gradients[j]` are this replica's gradients of its j-th
         micro-batch. One merge; there each variable's M gradients are added
-        on the host in the fixed pairwise order of micro_batches.tree_sum,
+        on the host in micro-batch order (micro_batches.in_order_sum),
         Keras' own apply runs once on the sums (as in _apply_once), and the
         step's other values are combined (micro_batches.combine), which
         every replica receives."""
@@ -236,7 +239,7 @@ class Strategy(tf.distribute.Strategy):
             with tf.device(self._host_ops.host_device):
                 for parts, variable in zip(micro_batches_lib.in_micro_batch_order(strategy, gradients), variables):
                     if parts is not None:  # (sparse gradients are added as dense ones)
-                        summed.append(micro_batches_lib.tree_sum([tf.identity(tf.convert_to_tensor(p))
+                        summed.append(micro_batches_lib.in_order_sum([tf.identity(tf.convert_to_tensor(p))
                                                                   for p in parts]))
                         updated.append(variable)
                 combined = micro_batches_lib.combine(strategy, shared)
