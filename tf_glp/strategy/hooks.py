@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import threading
 
 import keras
@@ -219,7 +220,7 @@ def _install_model_hooks() -> None:
             batch = _global_batch(bound.arguments)
             _check_global_batch(batch, strategy.num_replicas_in_sync)
             if strategy.micro_batches:
-                micro_batches.check_fit(self, strategy, batch)
+                micro_batches.check_fit(self, strategy, batch, _training_samples(bound.arguments))
             if _keras_compat.in_multi_worker_mode(strategy):
                 strategy.extended.check_same_on_every_worker(
                     [batch or 0], "the workers' global batch sizes differ ({low} to {high}; 0: not known before "
@@ -278,6 +279,19 @@ def _global_batch(arguments: dict) -> int | None:
     elif batch is None and (hasattr(x, "shape") or isinstance(x, (list, tuple, dict))):
         batch = 32  # Keras' default batch size for arrays
     return batch
+
+
+def _training_samples(arguments: dict) -> int | None:
+    """How many samples an epoch of fit trains on, for array inputs without
+    steps_per_epoch (Keras keeps the first floor(n * (1 - validation_split))
+    for training); None where that is not known before training."""
+    x = arguments.get("x")
+    first = tf.nest.flatten(x)[0] if isinstance(x, (list, tuple, dict)) and x else x
+    if arguments.get("steps_per_epoch") or isinstance(x, tf.data.Dataset) or not getattr(first, "shape", None):
+        return None
+    samples = int(first.shape[0])
+    split = arguments.get("validation_split") or 0.0
+    return int(math.floor(samples * (1.0 - split)))
 
 
 def _check_global_batch(batch: int | None, replicas: int) -> None:

@@ -66,15 +66,21 @@ def check_setting(micro_batches, replicas: int) -> int | None:
     return micro_batches
 
 
-def check_fit(model, strategy, global_batch: int | None) -> None:
-    """At fit start: a global batch the micro-batches divide, Keras' own
-    train_step, and warnings for what may break invariance (the devices,
-    layers that are not invariant)."""
+def check_fit(model, strategy, global_batch: int | None, samples: int | None = None) -> None:
+    """At fit start: a global batch the micro-batches divide (and, for
+    arrays, a last batch that does too), Keras' own train_step, and warnings
+    for what may break invariance (the devices, layers that are not
+    invariant)."""
     m = strategy.micro_batches
     if global_batch and global_batch % m:
         raise ValueError(
             f"tf_glp.Strategy(micro_batches={m}): the global batch size {global_batch} does not divide into "
             f"{m} equal micro-batches. Use a multiple of {m}, e.g. {m * max(1, round(global_batch / m))}.")
+    if global_batch and samples and samples % global_batch % m:
+        raise ValueError(
+            f"tf_glp.Strategy(micro_batches={m}): the {samples} training samples end in a last batch of "
+            f"{samples % global_batch}, which does not divide into {m} equal micro-batches. Train on a multiple "
+            f"of {m} samples (e.g. {samples - samples % global_batch % m}).")
     if _overrides_train_step(model):
         raise ValueError(
             f"tf_glp.Strategy(micro_batches={m}) runs Keras' own train_step once per micro-batch; "
@@ -134,8 +140,9 @@ def _split(tensor, pieces: int, m: int):
         return tf.split(tensor, pieces, axis=0)
     check = tf.debugging.assert_equal(
         tf.math.floormod(tf.shape(tensor)[0], pieces), 0,
-        message=f"tf_glp.Strategy(micro_batches={m}): a batch does not divide into {m} equal micro-batches "
-                f"(the last, partial batch of the data?); use a data size that divides, or drop the remainder")
+        message=f"tf_glp.Strategy(micro_batches={m}): a batch did not divide into {m} equal micro-batches (the "
+                f"last, partial batch of the data?); use a data size that divides by the global batch size, or "
+                f"drop the remainder (Dataset.batch(..., drop_remainder=True))")
     with tf.control_dependencies([check]):
         return tf.split(tensor, pieces, axis=0)
 
@@ -287,7 +294,18 @@ def combine(strategy, shared) -> dict:
             columns.append(tf.concat(on_host([leaves_j[i] for leaves_j in leaves]), 0))
         return tf.nest.pack_sequence_as(per_step[0], columns)
 
-    loss = in_order_sum(on_host(shared["losses"]))
+    # Unequal micro-batches (a last, partial batch that does not divide by
+    # M, which tf.distribute shares out unevenly) would weight samples by
+    # the replica count: refused, naming the sizes.
+    sizes = [tf.shape(tf.nest.flatten(y_pred)[0])[0] for y_pred in _in_order(strategy, [
+        tf.nest.flatten(v)[0] for v in shared["y_pred"]])]
+    equal = tf.debugging.assert_equal(
+        tf.stack(sizes), sizes[0], summarize=m,
+        message=f"tf_glp.Strategy(micro_batches={m}): a batch did not divide into {m} equal micro-batches (the "
+                f"last, partial batch of the data?); use a data size that divides by the global batch size, or "
+                f"drop the remainder (Dataset.batch(..., drop_remainder=True)). Micro-batch sizes:")
+    with tf.control_dependencies([equal]):
+        loss = in_order_sum(on_host(shared["losses"]))
     moments = []
     for per_layer in shared["moments"]:
         means = in_order_sum(on_host([mean for mean, _ in per_layer]))
