@@ -86,6 +86,10 @@ def check_fit(model, strategy, global_batch: int | None, samples: int | None = N
             f"tf_glp.Strategy(micro_batches={m}) runs Keras' own train_step once per micro-batch; "
             f"{type(model).__name__} overrides train_step, which computes one gradient for the whole batch. "
             f"Use micro_batches=None with a custom train_step.")
+    trainer = _keras_compat.keras_class("keras.src.trainers.trainer", "Trainer")
+    if type(model).compute_metrics is not trainer.compute_metrics:
+        warnings.warn(f"tf_glp.Strategy(micro_batches={m}) calls {type(model).__name__}.compute_metrics with the "
+                      f"whole global batch's y and y_pred and x=None (the inputs are not gathered)", stacklevel=3)
     for doubt in invariance_doubts(strategy.extended.worker_devices, _gpu_names(),
                                    _keras_compat.op_determinism_enabled()):
         warnings.warn(f"tf_glp.Strategy(micro_batches={m}): {doubt}", stacklevel=3)
@@ -186,7 +190,7 @@ def scale_for_distribution(original, inverse: bool):
 def seed_next(original):
     """SeedGenerator.next inside a micro-batched step: the t-th draw of a
     generator in micro-batch m uses its step-start state plus [0, t*M + m],
-    and the state moves on by draws * M when the step ends (advance_seeds):
+    and the state moves on by draws * M when the step ends (train_step):
     one stream per (step, micro-batch), whichever replica runs it."""
     def next(self, ordered=True):  # noqa: A001 (Keras' name)
         step = _current()
@@ -202,7 +206,7 @@ def seed_next(original):
 
 def batch_norm_moments(original):
     """BatchNormalization._moments inside a micro-batched step: recorded per
-    micro-batch (the moving averages are then set from them, combine_moments)."""
+    micro-batch (the moving averages are then set from them: combine, train_step)."""
     def _moments(self, inputs, mask):
         mean, variance = original(self, inputs, mask)
         step = _current()
@@ -223,7 +227,8 @@ def train_step(model, data, strategy):
     in micro-batch order on the host: the gradients (the optimizer step),
     BatchNormalization's moments (its moving averages), the losses and the
     global batch's targets and predictions, with which every replica
-    updates its metrics identically (Note [Micro-batches])."""
+    updates its metrics identically (Note [Micro-batches]); compute_metrics
+    gets x=None (the inputs are not gathered)."""
     m = strategy.micro_batches
     pieces = m // strategy.num_replicas_in_sync
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
