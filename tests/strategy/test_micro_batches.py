@@ -234,3 +234,24 @@ def test_what_may_break_invariance_is_named():
     (different, nondeterministic) = micro_batches.invariance_doubts(["/gpu:0", "/gpu:1"], ["A100", "H200"], False)
     assert "the GPUs differ (A100, H200)" in different
     assert "enable_op_determinism()" in nondeterministic
+
+
+def test_a_plain_model_gets_no_warning_and_an_own_compute_metrics_is_named():
+    import warnings  # noqa: PLC0415
+
+    class OwnMetrics(keras.Sequential):
+        def compute_metrics(self, x, y, y_pred, sample_weight=None):
+            return super().compute_metrics(x, y, y_pred, sample_weight)
+
+    strategy = tf_glp.Strategy(["/cpu:0", "/cpu:1"], micro_batches=2)
+    for kind in (keras.Sequential, OwnMetrics):
+        with strategy.scope():
+            model = kind([keras.Input((6, 6, 2)), L.Flatten(), L.Dense(3)])
+            model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.fit(*_data(), batch_size=BATCH, epochs=1, verbose=0)
+        named = [str(w.message) for w in caught if "micro_batches" in str(w.message)]
+        assert named == ([] if kind is keras.Sequential else [
+            "tf_glp.Strategy(micro_batches=2) calls OwnMetrics.compute_metrics with the whole global batch's y and "
+            "y_pred and x=None (the inputs are not gathered)"])
