@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+from strategies import step_clock_class
+
 FIRST_STEPS = 160  # one epoch of 5120 samples
 FIRST_ROUNDS = 3
 STEADY_ROUNDS = 12
@@ -58,13 +60,7 @@ def measure(optimizers=("Adam", "SGD"), first_rounds=FIRST_ROUNDS, steady_rounds
     y = rng.integers(0, 10, 32 * FIRST_STEPS)
     folder = tempfile.mkdtemp()
 
-    class StepClock(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.ends = []
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.ends.append(time.perf_counter())
+    StepClock = step_clock_class(keras)  # noqa: N806
 
     makers = {"Adam": lambda: keras.optimizers.Adam(1e-4), "SGD": lambda: keras.optimizers.SGD(1e-3)}
 
