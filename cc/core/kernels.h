@@ -41,7 +41,12 @@ struct UpdateArgs {
   const void* const* grads;  // num_grads arrays of grad_dtype, summed in order
   int num_grads;
   DType grad_dtype;
-  float* param;
+  float* param;  // the new parameter is written here
+  // Where the old parameter is read from: null reads `param` (an update in
+  // place); else another buffer of the same size, left unchanged. Lets a
+  // caller whose parameter buffer others still read write the new value to a
+  // fresh buffer in the same pass, instead of copying the old one first.
+  const float* param_source;
   float* slot0;  // momentum (kMomentum, kNesterov) or first moment (kAdam)
   float* slot1;  // second moment (kAdam)
   // kSgd, kMomentum, kNesterov: the learning rate. kAdam: Keras' alpha,

@@ -3,6 +3,7 @@
 // instruction sets and thread counts; and rejection of bad hyper-parameters.
 #include "cc/core/host_optimizers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -112,27 +113,43 @@ TEST(MatchesKerasFormulasBitwiseOverSteps) {
               for (const ParallelRunner* runner :
                    {static_cast<const ParallelRunner*>(&serial),
                     static_cast<const ParallelRunner*>(&pool)}) {
-                State got = start;
-                HostUpdateSpec spec;
-                spec.args = args;
-                spec.args.param = got.param.data();
-                spec.args.slot0 = got.slot0.data();
-                spec.args.slot1 = got.slot1.data();
-                spec.num_elements = size;
-                for (int step = 0; step < 3; ++step) {
-                  const std::string error = HostApplyUpdate(spec, *runner, isa);
-                  if (!error.empty()) throw testing::Failure(error);
-                }
-                const bool same =
-                    std::memcmp(got.param.data(), want.param.data(), 4 * size) == 0 &&
-                    std::memcmp(got.slot0.data(), want.slot0.data(), 4 * size) == 0 &&
-                    std::memcmp(got.slot1.data(), want.slot1.data(), 4 * size) == 0;
-                if (!same) {
-                  throw testing::Failure(
-                      std::string("mismatch: kind=") + UpdateKindName(kind) +
-                      " dtype=" + DTypeName(dtype) + " n=" + std::to_string(n) +
-                      " size=" + std::to_string(size) + " isa=" + IsaName(isa) +
-                      " threads=" + std::to_string(runner->NumThreads()));
+                // In place, and from a separate source buffer into one
+                // holding garbage (param_source): the same bits, the source
+                // left as it was.
+                for (bool separate_source : {false, true}) {
+                  State got = start;
+                  HostUpdateSpec spec;
+                  spec.args = args;
+                  spec.args.param = got.param.data();
+                  spec.args.slot0 = got.slot0.data();
+                  spec.args.slot1 = got.slot1.data();
+                  spec.num_elements = size;
+                  bool source_kept = true;
+                  for (int step = 0; step < 3; ++step) {
+                    const std::vector<float> source = got.param, kept = got.param;
+                    if (separate_source) {
+                      std::fill(got.param.begin(), got.param.end(),
+                                std::numeric_limits<float>::quiet_NaN());
+                      spec.args.param_source = source.data();
+                    }
+                    const std::string error = HostApplyUpdate(spec, *runner, isa);
+                    if (!error.empty()) throw testing::Failure(error);
+                    source_kept = source_kept &&
+                                  std::memcmp(source.data(), kept.data(), 4 * size) == 0;
+                  }
+                  const bool same =
+                      std::memcmp(got.param.data(), want.param.data(), 4 * size) == 0 &&
+                      std::memcmp(got.slot0.data(), want.slot0.data(), 4 * size) == 0 &&
+                      std::memcmp(got.slot1.data(), want.slot1.data(), 4 * size) == 0;
+                  if (!same || !source_kept) {
+                    throw testing::Failure(
+                        std::string(same ? "source written" : "mismatch") + ": kind=" +
+                        UpdateKindName(kind) + " dtype=" + DTypeName(dtype) +
+                        " n=" + std::to_string(n) + " size=" + std::to_string(size) +
+                        " isa=" + IsaName(isa) +
+                        " threads=" + std::to_string(runner->NumThreads()) +
+                        " separate_source=" + std::to_string(separate_source));
+                  }
                 }
               }
             }

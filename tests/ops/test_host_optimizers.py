@@ -147,6 +147,48 @@ def test_update_copies_a_buffer_that_a_reader_holds():
     np.testing.assert_array_equal(var.numpy(), [0.0, 1.0, 2.0])
 
 
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "adam"])
+@pytest.mark.parametrize("size", [7, 1023, (1 << 16) + 3])
+def test_update_of_a_buffer_shared_with_another_variable(kind, size):
+    """AssignVariableOp makes a variable adopt the assigned buffer (as
+    update="host" does for the replicas' copies): the update writes a fresh
+    buffer (Note [Writing a shared parameter]) with the same bits as in
+    place, and the variable that shares the old buffer keeps its value."""
+    rng = np.random.default_rng(size)
+    start = _normal(rng, [size])
+    grads = [tf.constant(_normal(rng, [size], 0.5)) for _ in range(2)]
+    results = {}
+    for shared in (False, True):
+        var = tf.Variable(start)
+        slots = [tf.Variable(tf.zeros([size])) for _ in range(2)]
+        other = tf.Variable(tf.zeros([size]))
+        if shared:
+            other.assign(var)
+
+        @tf.function
+        def step():
+            if kind == "sgd":
+                host_apply_sgd(var, grads, 0.1, weight_decay=0.01, decay_learning_rate=0.1)
+            elif kind == "momentum":
+                host_apply_momentum(var, slots[0], grads, 0.1, 0.9)
+            else:
+                host_apply_adam(var, slots[0], slots[1], grads, 0.01, 0.1, 0.001, 1e-7)
+            if shared:
+                other.assign(var)  # shared again, as after every host step
+
+        for _ in range(3):
+            step()
+        results[shared] = var.numpy()
+        if shared:
+            np.testing.assert_array_equal(other.numpy(), results[shared])
+    np.testing.assert_array_equal(results[True], results[False])
+    var, other = tf.Variable(start), tf.Variable(tf.zeros([size]))
+    other.assign(var)
+    host_apply_sgd(var, grads, 1.0)
+    np.testing.assert_array_equal(other.numpy(), start)  # the shared buffer is left as it was
+    np.testing.assert_array_equal(var.numpy(), start - (grads[0].numpy() + grads[1].numpy()))
+
+
 def test_works_inside_tf_function_with_tensor_hyper_parameters():
     var, m, v = tf.Variable(tf.ones([5])), tf.Variable(tf.zeros([5])), tf.Variable(tf.zeros([5]))
     lr = tf.Variable(0.1)

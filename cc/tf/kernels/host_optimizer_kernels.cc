@@ -1,6 +1,7 @@
 // Glp>HostApplySgd / HostApplyMomentum / HostApplyAdam: lock the variables,
-// check shapes and dtypes, make the buffers safe to update in place, then
-// core::HostApplyUpdate.
+// check shapes and dtypes, make the buffers safe to write (a shared
+// parameter is written to a fresh buffer, Note [Writing a shared
+// parameter]), then core::HostApplyUpdate.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -52,13 +53,15 @@ class LockedVariables {
   std::vector<tsl::mutex_lock> locks_;
 };
 
+bool Writable(Var* var) {
+  return !var->copy_on_read_mode.load() && var->tensor()->RefCountIsOne();
+}
+
 // Copy-on-write, as TensorFlow's PrepareToUpdateVariable: if a reader still
 // holds the variable's buffer, give the variable a fresh copy to update.
 absl::Status MakeWritable(OpKernelContext* ctx, Var* var) {
+  if (Writable(var)) return absl::OkStatus();
   Tensor* tensor = var->tensor();
-  if (!var->copy_on_read_mode.load() && tensor->RefCountIsOne()) {
-    return absl::OkStatus();
-  }
   Tensor copy;
   TF_RETURN_IF_ERROR(ctx->allocate_temp(tensor->dtype(), tensor->shape(), &copy));
   std::copy_n(tensor->tensor_data().data(), tensor->tensor_data().size(),
@@ -66,6 +69,18 @@ absl::Status MakeWritable(OpKernelContext* ctx, Var* var) {
   *tensor = copy;
   return absl::OkStatus();
 }
+
+// Note [Writing a shared parameter]
+// TensorFlow's AssignVariableOp never copies: the variable adopts the
+// assigned tensor's buffer (writers copy on write). Under update="host" on
+// logical CPU replicas the new weights are assigned from the host copy to
+// the other replicas, so at the next step the host copy's buffer is shared
+// by every replica's variable, and an update in place would first have to
+// copy it (MakeWritable: one extra read and write of every weight per step,
+// on one thread). Instead the update reads the old value from the shared
+// buffer and writes the new one into a fresh buffer in the same pass
+// (UpdateArgs::param_source): the memory traffic of an update in place.
+// The shared buffer is left as it was, for whoever still holds it.
 
 float ScalarInput(OpKernelContext* ctx, int index) {
   return ctx->input(index).scalar<float>()();
@@ -128,7 +143,18 @@ class HostApplyOp : public OpKernel {
                       grads[i].shape().DebugString(), " but var has shape ",
                       param.shape().DebugString())));
     }
-    for (int i = 0; i < kNumVariables; ++i) {
+    // The parameter: see Note [Writing a shared parameter]. The slots are
+    // the optimizer's own, normally not shared.
+    Tensor shared_param;
+    const bool param_shared = !Writable(locked.var(0));
+    if (param_shared) {
+      Tensor* tensor = locked.var(0)->tensor();
+      shared_param = *tensor;
+      Tensor fresh;
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensor->dtype(), tensor->shape(), &fresh));
+      *tensor = fresh;
+    }
+    for (int i = 1; i < kNumVariables; ++i) {
       OP_REQUIRES_OK(ctx, MakeWritable(ctx, locked.var(i)));
     }
 
@@ -147,6 +173,9 @@ class HostApplyOp : public OpKernel {
           const_cast<char*>(locked.var(i)->tensor()->tensor_data().data()));
     };
     a.param = data(0);
+    if (param_shared) {
+      a.param_source = reinterpret_cast<const float*>(shared_param.tensor_data().data());
+    }
     if (kNumVariables > 1) a.slot0 = data(1);
     if (kNumVariables > 2) a.slot1 = data(2);
     int s = first_scalar;
