@@ -11,7 +11,10 @@ trainable weights, optimizer variables, evaluate() and predict() results.
 --worker1-width / --worker1-batch start a bad job (worker 1 differs);
 --stock runs TensorFlow's MultiWorkerMirroredStrategy (one CPU per worker);
 --profile adds tf_glp's ConcurrencyProfiler (plan OUT_DIR/plan{task}.json)
-whose choice is forced to differ between workers (chief 1 lane, worker 1 two).
+whose choice is forced to differ between workers (chief 1 lane, worker 1 two);
+--micro-batches M trains with tf_glp.Strategy(micro_batches=M) (Grappler's
+arithmetic optimizer off, for bitwise comparisons) and saves the metrics' and
+the seed generators' states and the history too.
 """
 
 import argparse
@@ -34,6 +37,7 @@ parser.add_argument("--stock", action="store_true", help="tf.distribute.MultiWor
 parser.add_argument("--worker1-width", type=int, default=None, help="another model on worker 1 (a bad job)")
 parser.add_argument("--worker1-batch", type=int, default=None, help="another batch size on worker 1 (a bad job)")
 parser.add_argument("--profile", action="store_true", help="with ConcurrencyProfiler, workers measuring otherwise")
+parser.add_argument("--micro-batches", type=int, default=None)
 args = parser.parse_args()
 
 if args.stock:
@@ -41,10 +45,13 @@ if args.stock:
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
 else:
-    strategy = tf_glp.Strategy(update=args.update, cpu_replicas=args.replicas)
+    strategy = tf_glp.Strategy(update=args.update, cpu_replicas=args.replicas, micro_batches=args.micro_batches)
 
 import keras  # noqa: E402 (after the Strategy: it configures TensorFlow's devices)
 import tensorflow as tf  # noqa: E402
+
+if args.micro_batches:
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
 
 task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
 width = args.worker1_width if task == 1 and args.worker1_width else args.width
@@ -86,7 +93,7 @@ if args.profile:
     # wants each to profile), and only the chief's file may appear.
     callbacks.append(ConcurrencyProfiler(trials=1, plan_path=os.path.join(args.out, f"plan{task}.json"), verbose=0))
 data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
-model.fit(data, epochs=2, verbose=2, callbacks=callbacks)
+history = model.fit(data, epochs=2, verbose=2, callbacks=callbacks).history
 evaluation = model.evaluate(data, verbose=0, return_dict=True)
 predictions = model.predict(x[:64], batch_size=32, verbose=0)
 # Every worker saves (a save may read distributed variables); the chief's file is the model.
@@ -103,7 +110,11 @@ np.savez(os.path.join(args.out, f"w{task}.npz"),
          **{f"trainable{i}": v.numpy() for i, v in enumerate(model.trainable_weights)},
          # Batch statistics are per replica (as under MirroredStrategy): these are the first replica's.
          **{f"statistics{i}": v.numpy() for i, v in enumerate(model.non_trainable_weights)},
-         **{f"optimizer{i}": v.numpy() for i, v in enumerate(model.optimizer.variables)})
+         **{f"optimizer{i}": v.numpy() for i, v in enumerate(model.optimizer.variables)},
+         **({f"history_{name}": np.array(values) for name, values in history.items()} if args.micro_batches else {}),
+         **({f"variable{i}": v.numpy() for i, v in enumerate(model.variables)} if args.micro_batches else {}),
+         **({f"metric_{m.name}": np.array(tf.nest.flatten(m.result())) for m in model.metrics}
+            if args.micro_batches else {}))
 if args.profile:
     print("plan reasons", task, [layer.reason for layer in callbacks[-1].plan.layers], flush=True)
 print("done", type(strategy).__name__, type(model.trainable_weights[0].value).__name__, evaluation, flush=True)

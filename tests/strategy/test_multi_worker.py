@@ -150,6 +150,65 @@ def test_killed_worker_resumes_from_the_backup_and_ends_where_the_uninterrupted_
         np.testing.assert_array_equal(resumed[0][key], two_workers[0][key], err_msg=key)
 
 
+# micro_batches across workers (tf_glp/strategy/micro_batches.py): what
+# evaluate() computes after fit is not covered (it runs as without
+# micro_batches, reducing per replica).
+_EVALUATE_ONLY = ("evaluation", "metric_loss", "predictions", "reloaded")
+
+
+@pytest.fixture(scope="module")
+def micro_batched_on_one_replica(tmp_path_factory):
+    out = tmp_path_factory.mktemp("micro_batched_one_replica")
+    done = subprocess.run([sys.executable, JOB, str(out), "--update", "host", "--replicas", "1",
+                           "--micro-batches", "4"], env=_env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _load(out / "w0.npz")
+
+
+def _assert_bitwise_equal(result, reference, keys, where):
+    assert keys
+    for key in keys:
+        np.testing.assert_array_equal(result[key], reference[key], err_msg=f"{where}: {key}")
+
+
+@pytest.mark.parametrize("mode", ["host", "replicas"])
+def test_micro_batched_workers_train_bitwise_like_one_replica(tmp_path, mode, micro_batched_on_one_replica):
+    """2 workers x 2 replicas = 1 x 1 with micro_batches=4: every variable
+    (weights, batch statistics, seed generators, metrics), the optimizer's,
+    the metric results and the history, bit for bit, on both workers."""
+    status, output = _launch(tmp_path, "--update", mode, "--micro-batches", "4")
+    assert status == 0, output
+    reference = micro_batched_on_one_replica
+    keys = [k for k in reference if k not in _EVALUATE_ONLY]
+    assert any(k.startswith("history_") for k in keys) and any(k.startswith("metric_") for k in keys)
+    for worker in (0, 1):
+        _assert_bitwise_equal(_load(tmp_path / f"w{worker}.npz"), reference, keys, f"worker {worker}")
+
+
+def test_micro_batched_two_workers_restarted_as_one_end_where_the_uninterrupted_job_ends(
+        tmp_path, micro_batched_on_one_replica):
+    """An elastic restart: 2 workers x 2 replicas backed up every 3 steps and
+    killed after step 14, restarted as one process with 2 replicas."""
+    backup = tmp_path / "backup"
+    status, output = _launch(tmp_path, "--update", "host", "--micro-batches", "4", "--backup", str(backup),
+                             "--kill-at", "14")
+    assert status == -9 and "killing worker 1 after step 14" in output, output
+    done = subprocess.run([sys.executable, JOB, str(tmp_path), "--update", "host", "--replicas", "2",
+                           "--micro-batches", "4", "--backup", str(backup)], env=_env(), capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference = micro_batched_on_one_replica
+    # (The history of a resumed fit holds only what it ran.)
+    keys = [k for k in reference if k not in _EVALUATE_ONLY and not k.startswith("history_")]
+    _assert_bitwise_equal(_load(tmp_path / "w0.npz"), reference, keys, "restarted")
+
+
+def test_micro_batches_the_cluster_does_not_divide_are_refused(tmp_path):
+    status, output = _launch(tmp_path, "--micro-batches", "2", replicas=2)
+    assert status == 1, output
+    assert "micro_batches=2): the 4 replicas (2 workers x 2) do not divide 2 micro-batches" in output
+
+
 @pytest.mark.parametrize("args, message", [
     (["--worker1-width", "17"], "the workers create variable 'kernel' with different shapes or dtypes"),
     (["--worker1-batch", "64"], "the workers' global batch sizes differ (32 to 64"),

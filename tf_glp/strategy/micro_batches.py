@@ -31,11 +31,17 @@ the one merge of the step, in micro-batch order, on the host):
   metric state is the same (the epoch's logs read their sum over the
   replicas: exact for replica counts that are powers of two).
 
+Across workers the same holds with N the replicas of the whole cluster: each
+worker's merge gathers every worker's micro-batch values (one collective
+all-gather per value, M times a gradient's bytes per variable and worker
+per step, instead of the sum's one), puts them in micro-batch order
+(_share_index says which share of the global batch each replica holds) and
+combines them exactly as one machine does, so every worker computes the
+same bits; 2 workers x 2 replicas train as 1 x 4 and 1 x 1.
+
 Not invariant: per-output loss metrics of multi-output models (updated per
 micro-batch and replica inside Keras' loss), BatchNormalization with
-renorm, and seed-less random ops (Keras' global generator). Across workers
-micro_batches is refused: the workers' sums meet in TensorFlow's
-collective all-reduce, whose order tf_glp does not set.
+renorm, and seed-less random ops (Keras' global generator).
 """
 
 from __future__ import annotations
@@ -52,15 +58,18 @@ from tf_glp.ops import host_reduce
 _state = threading.local()
 
 
-def check_setting(micro_batches, replicas: int) -> int | None:
-    """The validated setting: None, or a positive int the replica count divides."""
+def check_setting(micro_batches, replicas: int, workers: int = 1) -> int | None:
+    """The validated setting: None, or a positive int the replica count
+    (`replicas` per worker times `workers`) divides."""
     if micro_batches is None:
         return None
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
         raise ValueError(f"tf_glp.Strategy: micro_batches must be None or a positive int, got {micro_batches!r}")
+    where = f"{replicas * workers} replicas ({workers} workers x {replicas})" if workers > 1 else f"{replicas} replicas"
+    replicas *= workers
     if micro_batches % replicas:
         raise ValueError(
-            f"tf_glp.Strategy(micro_batches={micro_batches}): the {replicas} replicas do not divide "
+            f"tf_glp.Strategy(micro_batches={micro_batches}): the {where} do not divide "
             f"{micro_batches} micro-batches, so some replica would run more of them than another. Use a "
             f"multiple of {replicas}, e.g. micro_batches={replicas * max(1, round(micro_batches / replicas))}.")
     return micro_batches
@@ -216,9 +225,26 @@ def batch_norm_moments(original):
     return _moments
 
 
-def _replica_index(strategy):
+def _share_index(strategy):
+    """Which share of the global batch this replica holds. tf.distribute
+    cuts a global batch into one contiguous share per replica of the
+    cluster and deals them out worker by worker: share s goes to worker
+    s % W, as that worker's replica s // W (seen with Keras' fit, on arrays
+    and datasets; a tf.data.Dataset sharded by files or
+    distribute_datasets_from_function decides otherwise). Replica r of
+    worker w (replica_id_in_sync_group w * R + r) holds share r * W + w."""
     context = tf.distribute.get_replica_context()
-    return context.replica_id_in_sync_group if context is not None else 0
+    replica = context.replica_id_in_sync_group if context is not None else 0
+    workers = _workers(strategy)
+    if workers is None:
+        return replica
+    local = len(strategy.extended.worker_devices)
+    return (replica % local) * workers.num_workers + replica // local
+
+
+def _workers(strategy):
+    """The cross-worker collectives (multi_worker.WorkerSum), None on one machine."""
+    return strategy._host_ops.across_workers  # noqa: SLF001 (the strategy's own reductions)
 
 
 def train_step(model, data, strategy):
@@ -240,7 +266,7 @@ def train_step(model, data, strategy):
              if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable and not layer.renorm]
     # The moving averages as the step found them (read before any micro-batch writes them).
     starts = [(tf.identity(layer.moving_mean.value), tf.identity(layer.moving_variance.value)) for layer in norms]
-    step = _MicroStep(m, _replica_index(strategy) * pieces)
+    step = _MicroStep(m, _share_index(strategy) * pieces)
     gradients, predictions, losses = [], [], []
     _state.step = step
     try:
@@ -332,13 +358,26 @@ def in_order_sum(values: list):
 def _in_order(strategy, per_step: list) -> list:
     """One value of each of this replica's micro-batches (per replica in the
     merge), as [replica 0's micro-batches..., replica 1's, ...]: micro-batch
-    order (Note [Micro-batches])."""
+    order (Note [Micro-batches]). Across workers, every worker's, gathered
+    (one collective) and put in micro-batch order: see _share_index."""
     out = []
-    for r in range(strategy.num_replicas_in_sync):
+    for r in range(len(strategy.extended.worker_devices)):
         for value in per_step:
             local = strategy.experimental_local_results(value)
             out.append(local[r] if len(local) > 1 else local[0])
-    return out
+    workers = _workers(strategy)
+    if workers is None:
+        return out
+    count_w, count_r, pieces = workers.num_workers, len(strategy.extended.worker_devices), len(per_step)
+    if any(value is None for value in out):  # (a variable without gradients: the same on every worker)
+        return [None] * (count_w * len(out))
+    host = strategy._host_ops.host_device  # noqa: SLF001
+    with tf.device(host):
+        every = tf.unstack(workers.gather(tf.stack([tf.identity(value) for value in out])), num=count_w * len(out))
+    # every[w * R * P + r * P + j]: worker w's replica r's j-th micro-batch,
+    # which is micro-batch (r * W + w) * P + j.
+    return [every[w * count_r * pieces + r * pieces + j]
+            for s in range(count_w * count_r) for w, r in [(s % count_w, s // count_w)] for j in range(pieces)]
 
 
 def in_micro_batch_order(strategy, gradients_per_step: list) -> list:

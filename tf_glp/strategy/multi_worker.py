@@ -113,6 +113,12 @@ def resolve_cluster(cluster_resolver=None):
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
 
 
+def worker_count(cluster_resolver) -> int:
+    """How many workers (tasks of the "chief" and "worker" jobs) the cluster has."""
+    cluster_spec = multi_worker_util.normalize_cluster_spec(cluster_resolver.cluster_spec())
+    return sum(cluster_spec.num_tasks(job) for job in ("chief", "worker") if job in cluster_spec.jobs)
+
+
 def configure_coordination(cluster_resolver) -> None:
     """Configures the coordination service as MultiWorkerMirroredStrategy
     would, with TF_GLP_CLUSTER_TIMEOUT as its register, heartbeat and
@@ -197,7 +203,8 @@ def _bounded_start(peers: list[str], timeout_s: float):
 class WorkerSum:
     """Sums host values across the workers: one collective all-reduce per
     call for the dense values (packed into one), over the group of the
-    workers' hosts; sparse values (IndexedSlices) are gathered."""
+    workers' hosts; sparse values (IndexedSlices) are gathered. `gather`
+    concatenates a value's copies in worker order (micro_batches.py)."""
 
     def __init__(self, collective_ops, num_workers: int, host_device: str):
         self._collective_ops = collective_ops  # CollectiveAllReduce over [this worker's host]
@@ -213,6 +220,15 @@ class WorkerSum:
             values = [v if isinstance(v, tf.IndexedSlices) else tf.identity(v) for v in values]
         results = self._collective_ops.batch_reduce(tf.distribute.ReduceOp.SUM, [(v, v) for v in values])
         return [r.values[0] if isinstance(r, values_lib.DistributedValues) else r for r in results]
+
+    def gather(self, value):
+        """Every worker's `value` (a host tensor of the same shape on every
+        worker), concatenated along axis 0 in worker order: one collective."""
+        with tf.device(self.host_device):
+            value = tf.identity(value)
+        result = _keras_compat.gather(self._collective_ops, value, value, 0,
+                                      tf.distribute.experimental.CommunicationOptions())
+        return result.values[0] if isinstance(result, values_lib.DistributedValues) else result
 
 
 class CollectiveHostExtended(collective_lib.CollectiveAllReduceExtended):

@@ -92,7 +92,8 @@ class Strategy(tf.distribute.Strategy):
             and added on the host in a fixed order, so that any replica
             count dividing M applies the same update, bit for bit, as one
             device running the M micro-batches in turn (see
-            micro_batches.py for what is not invariant yet). One machine.
+            micro_batches.py for what is not invariant yet). Across
+            workers, the replicas of every worker count.
         cluster_resolver: A tf.distribute.cluster_resolver.ClusterResolver
             (e.g. SlurmClusterResolver) to train across workers; without
             it, TF_CONFIG's cluster when that variable is set (as
@@ -129,7 +130,8 @@ class Strategy(tf.distribute.Strategy):
     # Marks tf_glp strategies for hooks.py (which must not import this module).
     _is_tf_glp_strategy = True
 
-    def _glp_setup(self, devices, update, chunking, compression, cpu_replicas, micro_batches=None) -> list[str]:
+    def _glp_setup(self, devices, update, chunking, compression, cpu_replicas, micro_batches=None,
+                   workers: int = 1) -> list[str]:
         # Each setting is validated and kept by its owner: the chunk plan and
         # the host reductions (which compress).
         chunking_state = chunking_lib.Chunking(chunking)
@@ -142,7 +144,7 @@ class Strategy(tf.distribute.Strategy):
         if not devices:
             raise ValueError("devices must not be empty")
         self.update = update
-        self.micro_batches = micro_batches_lib.check_setting(micro_batches, len(devices))
+        self.micro_batches = micro_batches_lib.check_setting(micro_batches, len(devices), workers)
         if self.micro_batches and compression:
             raise ValueError(f"tf_glp.Strategy: micro_batches={micro_batches} sums the micro-batches' gradients in "
                              f"float32 as they are; compression={compression!r} cannot apply to them: pass one")
@@ -403,12 +405,9 @@ class MultiWorkerReplicaStrategy(_MultiWorkerKerasFixes, Strategy, tf.distribute
 
     def __init__(self, devices=None, *, update: str = "replicas", chunking="auto", compression=None, cpu_replicas=None,
                  cluster_resolver=None, micro_batches=None):
-        if micro_batches is not None:
-            raise ValueError(
-                f"tf_glp.Strategy(micro_batches={micro_batches!r}) is not supported across workers yet: the "
-                f"workers' sums meet in TensorFlow's collective all-reduce, whose order tf_glp does not set")
-        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas, micro_batches)
         resolver = multi_worker.resolve_cluster(cluster_resolver)
+        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas, micro_batches,
+                                  workers=multi_worker.worker_count(resolver))
         tf.distribute.Strategy.__init__(self, self._extended_class(self, resolver, devices, self._host_ops))
 
 
