@@ -291,6 +291,7 @@ def train_step(model, data, strategy):
     if not weights:
         warnings.warn("The model does not have any trainable weights.", stacklevel=2)
     shared = {"losses": losses, "y": [t[1] for t in micro], "y_pred": predictions,
+              "sizes": [tf.shape(tf.nest.flatten(y_pred)[0])[0] for y_pred in predictions],
               "sample_weight": [t[2] for t in micro], "moments": moments}
     combined = strategy._apply_micro_batches(model.optimizer, gradients, weights, shared)
     for layer, (mean_start, variance_start), (mean, variance) in zip(norms, starts, combined["moments"]):
@@ -328,8 +329,9 @@ def combine(strategy, shared) -> dict:
     # Unequal micro-batches (a last, partial batch that does not divide by
     # M, which tf.distribute shares out unevenly) would weight samples by
     # the replica count: refused, naming the sizes.
-    sizes = [tf.shape(tf.nest.flatten(y_pred)[0])[0] for y_pred in _in_order(strategy, [
-        tf.nest.flatten(v)[0] for v in shared["y_pred"]])]
+    # Checked first (everything below waits for it): gathering unequal
+    # micro-batches across workers would fail with an error naming nothing.
+    sizes = on_host(shared["sizes"])
     equal = tf.debugging.assert_equal(
         tf.stack(sizes), sizes[0], summarize=m,
         message=f"tf_glp.Strategy(micro_batches={m}): a batch did not divide into {m} equal micro-batches (the "
@@ -337,14 +339,14 @@ def combine(strategy, shared) -> dict:
                 f"drop the remainder (Dataset.batch(..., drop_remainder=True)). Micro-batch sizes:")
     with tf.control_dependencies([equal]):
         loss = in_order_sum(on_host(shared["losses"]))
-    moments = []
-    for per_layer in shared["moments"]:
-        means = in_order_sum(on_host([mean for mean, _ in per_layer]))
-        variances = in_order_sum(on_host([variance for _, variance in per_layer]))
-        moments.append((means * (1.0 / m), variances * (1.0 / m)))
-    return {"loss": loss, "moments": moments,
-            "y": gather(shared["y"]), "y_pred": gather(shared["y_pred"]),
-            "sample_weight": gather(shared["sample_weight"])}
+        moments = []
+        for per_layer in shared["moments"]:
+            means = in_order_sum(on_host([mean for mean, _ in per_layer]))
+            variances = in_order_sum(on_host([variance for _, variance in per_layer]))
+            moments.append((means * (1.0 / m), variances * (1.0 / m)))
+        return {"loss": loss, "moments": moments,
+                "y": gather(shared["y"]), "y_pred": gather(shared["y_pred"]),
+                "sample_weight": gather(shared["sample_weight"])}
 
 
 def in_order_sum(values: list):
@@ -374,10 +376,13 @@ def _in_order(strategy, per_step: list) -> list:
     host = strategy._host_ops.host_device  # noqa: SLF001
     with tf.device(host):
         every = tf.unstack(workers.gather(tf.stack([tf.identity(value) for value in out])), num=count_w * len(out))
-    # every[w * R * P + r * P + j]: worker w's replica r's j-th micro-batch,
-    # which is micro-batch (r * W + w) * P + j.
-    return [every[w * count_r * pieces + r * pieces + j]
-            for s in range(count_w * count_r) for w, r in [(s % count_w, s // count_w)] for j in range(pieces)]
+    # every[(w * R + r) * P + j] is worker w's replica r's j-th micro-batch,
+    # which is micro-batch (r * W + w) * P + j: taken share by share.
+    ordered = []
+    for share in range(count_w * count_r):
+        first = ((share % count_w) * count_r + share // count_w) * pieces
+        ordered += every[first:first + pieces]
+    return ordered
 
 
 def in_micro_batch_order(strategy, gradients_per_step: list) -> list:
