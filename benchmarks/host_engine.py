@@ -3,6 +3,7 @@ TensorFlow, numpy, Keras and the machine's measured memory ceiling, in one run.
 
     python benchmarks/host_engine.py                  # print the tables
     python benchmarks/host_engine.py --write-results  # and append to RESULTS.md
+    python benchmarks/host_engine.py --shared-parameter  # a fused update whose parameter is shared
 
 Every timing is the best of several repeats (the machines are noisy), and
 peers are measured interleaved with tf_glp so that drift hits both alike.
@@ -164,6 +165,50 @@ def optimizer_table(ceiling: float) -> tuple[list[str], dict]:
     return rows, ratios
 
 
+def shared_parameter_table() -> list[str]:
+    """A fused Adam step on a parameter whose buffer three other variables
+    share (as update="host" leaves the host copy on logical CPU replicas:
+    Note [Writing a shared parameter]) against one nobody shares; the shared
+    case also assigns the new value to the three, as update="host" does.
+    Interleaved, best and median of 200 rounds each."""
+    shape = (2048, 2048)  # 4 M parameters, 16 MB
+    with tf.device("/cpu:0"):
+        grads = [tf.random.stateless_normal(shape, seed=[i, 3]) for i in range(4)]
+        alone = [tf.Variable(tf.random.stateless_normal(shape, seed=[9, 9])) for _ in range(3)]
+        shared = [tf.Variable(tf.random.stateless_normal(shape, seed=[9, 9])) for _ in range(3)]
+    others = []
+    for index in range(3):
+        device = f"/cpu:{index + 1}" if len(tf.config.list_logical_devices("CPU")) > index + 1 else "/cpu:0"
+        with tf.device(device):
+            others.append(tf.Variable(tf.zeros(shape)))
+
+    @tf.function
+    def step_alone():
+        tf_glp.ops.host_apply_adam(*alone, grads, 1e-3, 0.1, 0.001, 1e-7)
+
+    @tf.function
+    def step_shared():
+        tf_glp.ops.host_apply_adam(*shared, grads, 1e-3, 0.1, 0.001, 1e-7)
+        value = shared[0].read_value()
+        for other in others:
+            with tf.device(other.device):
+                other.assign(value)
+
+    times = {"alone": [], "shared": []}
+    step_alone(), step_shared(), step_shared()
+    for index in range(200):
+        for name, fn in (("alone", step_alone), ("shared", step_shared))[::1 if index % 2 else -1]:
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    rows = ["| Adam step, 4 M parameters | best (ms) | median (ms) |", "|---|---|---|"]
+    for name, label in (("alone", "parameter buffer not shared"),
+                        ("shared", "shared with 3 variables (+ the 3 assigns)")):
+        rows.append(f"| {label} | {1000 * min(times[name]):.2f} | {1000 * sorted(times[name])[100]:.2f} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def machine() -> str:
     model = platform.processor() or "unknown CPU"
     try:
@@ -177,7 +222,19 @@ def machine() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--write-results", action="store_true", help="append the tables to benchmarks/RESULTS.md")
+    parser.add_argument("--shared-parameter", action="store_true",
+                        help="only the fused update of a shared parameter buffer (on 4 logical CPUs)")
     args = parser.parse_args()
+    if args.shared_parameter:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
+        rows = shared_parameter_table()
+        if args.write_results:
+            append_section("\n".join([
+                f"## Fused update of a shared parameter buffer (issue 19) — {datetime.date.today().isoformat()}", "",
+                f"Machine: {machine()}. Command: `python benchmarks/host_engine.py --shared-parameter "
+                f"--write-results`; 200 interleaved rounds.", "", *rows, ""]))
+        return
     print("tf_glp:", tf_glp.native_available())
     start = time.time()
     single, multi = ceiling_gbps()
