@@ -62,6 +62,42 @@ def test_other_optimizers_are_invariant_too(optimizer, exact_arithmetic):
         np.testing.assert_array_equal(a, b, err_msg=path)
 
 
+@pytest.fixture
+def mixed_float16():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+def _train_mixed_precision(replicas, update):
+    strategy = tf_glp.Strategy([f"/cpu:{i}" for i in range(replicas)], update=update, micro_batches=M)
+    x, y = _data()
+    with strategy.scope():
+        keras.utils.set_random_seed(11)
+        model = keras.Sequential([keras.Input((6, 6, 2)), L.Conv2D(4, 3, activation="relu"),
+                                  L.BatchNormalization(), L.Flatten(), L.Dropout(0.3, seed=5),
+                                  L.Dense(3, dtype="float32")])
+        model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    return [(v.path, v.numpy()) for v in model.variables + model.optimizer.variables], history
+
+
+@pytest.mark.parametrize("update", ["host", "replicas"])
+def test_loss_scaling_is_invariant_too(update, mixed_float16, exact_arithmetic):
+    """mixed_float16: Keras wraps the optimizer in a LossScaleOptimizer; the
+    micro-batches' losses are scaled, the sums checked for overflow and the
+    dynamic scale updated once per step, the same on every replica count."""
+    reference, reference_history = _train_mixed_precision(1, update)
+    assert any("dynamic_scale" in path for path, _ in reference)
+    for replicas in (2, 4):
+        state, history = _train_mixed_precision(replicas, update)
+        for (path, a), (_, b) in zip(state, reference, strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"{replicas} replicas, {path}")
+        assert history == reference_history, f"{replicas} replicas"
+
+
 def test_the_update_is_the_micro_batches_mean_gradient_added_in_order():
     # One device, by hand: each micro-batch's gradient of its mean loss / M,
     # added in micro-batch order, then Keras' Adam.

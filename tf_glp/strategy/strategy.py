@@ -247,7 +247,11 @@ class Strategy(tf.distribute.Strategy):
                 combined = micro_batches_lib.combine(strategy, shared)
             if updated:
                 with self._optimizer_step(optimizer, updated):
-                    optimizer.apply(summed, updated)
+                    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+                        # (Its own apply insists on a replica context.)
+                        _keras_compat.apply_loss_scaled(optimizer, summed, updated)
+                    else:
+                        optimizer.apply(summed, updated)
             return combined
 
         return tf.distribute.get_replica_context().merge_call(merge_fn, args=(gradients, shared))
