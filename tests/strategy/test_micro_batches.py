@@ -8,6 +8,7 @@ import tensorflow as tf
 
 import tf_glp
 from tf_glp.strategy import micro_batches
+from tf_glp.strategy.strategy import HostStrategy
 
 L = keras.layers
 M = 4
@@ -59,6 +60,25 @@ def test_other_optimizers_are_invariant_too(optimizer, exact_arithmetic):
     reference, _ = _train(1, "host", optimizer)
     model, _ = _train(2, "host", optimizer)
     for (path, a), (_, b) in zip(_state(model), _state(reference), strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=path)
+
+
+def test_the_fused_update_adds_the_micro_batches_in_its_own_pass_bitwise_as_in_order_sum(
+        monkeypatch, exact_arithmetic):
+    """update="host" with Adam: the M gradients go unsummed into the fused
+    update (one pass); forcing the separate in_order_sum first gives the
+    same bits."""
+    seen = []
+    original = tf_glp.ops.FusedKerasUpdate.apply
+    monkeypatch.setattr(tf_glp.ops.FusedKerasUpdate, "apply",
+                        lambda self, parts, *a, **k: seen.append(len(parts[0])) or original(self, parts, *a, **k))
+    one_pass, _ = _train(2, "host")
+    assert seen and set(seen) == {M}
+    seen.clear()
+    monkeypatch.setattr(HostStrategy, "_takes_unsummed", lambda *a: False)
+    separate, _ = _train(2, "host")
+    assert seen and set(seen) == {1}
+    for (path, a), (_, b) in zip(_state(one_pass), _state(separate), strict=True):
         np.testing.assert_array_equal(a, b, err_msg=path)
 
 

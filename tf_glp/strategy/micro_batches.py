@@ -51,6 +51,7 @@ import warnings
 
 import keras
 import tensorflow as tf
+from tensorflow.python.distribute import values as values_lib
 
 from tf_glp import _keras_compat
 from tf_glp.ops import host_reduce
@@ -347,6 +348,14 @@ def combine(strategy, shared) -> dict:
         return {"loss": loss, "moments": moments,
                 "y": gather(shared["y"]), "y_pred": gather(shared["y_pred"]),
                 "sample_weight": gather(shared["sample_weight"])}
+
+
+class MicroBatchGradients(values_lib.PerReplica):
+    """One variable's M micro-batch gradients, in micro-batch order, every
+    worker's: handed unsummed to the fused host update, whose own pass adds
+    them in list order (Note [Deterministic accumulation]), bitwise what
+    in_order_sum gives, without writing the sum out and reading it back.
+    Complete: nothing is to be added across workers."""
 
 
 def in_order_sum(values: list):

@@ -237,17 +237,22 @@ class Strategy(tf.distribute.Strategy):
         _check_not_xla()
 
         def merge_fn(strategy, gradients, shared):
-            summed, updated = [], []
+            loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+            ordered = micro_batches_lib.in_micro_batch_order(strategy, gradients)
+            updated = [v for parts, v in zip(ordered, variables) if parts is not None]
+            # The fused update adds the M parts in its own pass, in order.
+            unsummed = bool(updated) and self._takes_unsummed(optimizer, updated, loss_scaled)
+            summed = []
             with tf.device(self._host_ops.host_device):
-                for parts, variable in zip(micro_batches_lib.in_micro_batch_order(strategy, gradients), variables):
+                for parts in ordered:
                     if parts is not None:  # (sparse gradients are added as dense ones)
-                        summed.append(micro_batches_lib.in_order_sum([tf.identity(tf.convert_to_tensor(p))
-                                                                  for p in parts]))
-                        updated.append(variable)
+                        parts = [tf.identity(tf.convert_to_tensor(p)) for p in parts]
+                        summed.append(micro_batches_lib.MicroBatchGradients(parts) if unsummed
+                                      else micro_batches_lib.in_order_sum(parts))
                 combined = micro_batches_lib.combine(strategy, shared)
             if updated:
                 with self._optimizer_step(optimizer, updated):
-                    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+                    if loss_scaled:
                         # (Its own apply insists on a replica context.)
                         _keras_compat.apply_loss_scaled(optimizer, summed, updated)
                     else:
@@ -323,8 +328,10 @@ class _HostUpdate:
     def _apply_update(self, optimizer, grads, variables) -> bool:
         """Keras' `_backend_update_step` inside the host step (hooks.py): the
         fused native pass per variable, chunk by chunk. Gradients arrive
-        per replica (summed here, in the same pass) or already summed on the
-        host. Sparse gradients (IndexedSlices, e.g. Embedding's) are
+        per replica (summed here, in the same pass; across workers first
+        summed per worker, then across the workers), as a micro-batched
+        step's M gradients (MicroBatchGradients: every worker's, summed here
+        in order) or already summed on the host. Sparse gradients (IndexedSlices, e.g. Embedding's) are
         concatenated on the host and go through Keras' own update_step
         there, as Keras would run it (see concat_on_host)."""
         if not self._fusing_now(optimizer, variables):
@@ -334,6 +341,8 @@ class _HostUpdate:
         host_ops = self._host_ops
         across = host_ops.across_workers
         summed = not any(isinstance(g, tf.distribute.DistributedValues) for g in grads)
+        # Every worker's micro-batch gradients, already gathered.
+        complete = any(isinstance(g, micro_batches_lib.MicroBatchGradients) for g in grads)
         sparse = [i for i, g in enumerate(grads) if is_sparse(g)]
         dense = [i for i in range(len(grads)) if i not in sparse]
         per_variable = [local_components(grads[i]) for i in dense]
@@ -343,7 +352,7 @@ class _HostUpdate:
         with tf.device(host_ops.host_device):
             for chunk in host_ops.in_chunks(per_variable, sizes):
                 parts = [per_variable[i] for i in chunk]
-                if across and not summed:
+                if across and not summed and not complete:
                     # This worker's sum, then every worker's: one collective
                     # for the chunk.
                     parts = [[total] for total in across([host_reduce(p, output_dtype=tf.float32) for p in parts])]
