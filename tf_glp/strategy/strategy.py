@@ -229,11 +229,13 @@ class Strategy(tf.distribute.Strategy):
     def _apply_micro_batches(self, optimizer, gradients, variables, shared: dict) -> dict:
         """The host's part of a micro-batched train step (micro_batches.py):
         `gradients[j]` are this replica's gradients of its j-th
-        micro-batch. One merge; there each variable's M gradients are added
-        on the host in micro-batch order (micro_batches.in_order_sum),
-        Keras' own apply runs once on the sums (as in _apply_once), and the
-        step's other values are combined (micro_batches.combine), which
-        every replica receives."""
+        micro-batch. One merge; there each variable's M gradients (across
+        workers, every worker's) are added on the host in micro-batch order
+        (micro_batches.in_order_sum, or the fused update's own in-order pass
+        where it takes them unsummed), Keras' own apply runs once on the
+        sums (as in _apply_once; a LossScaleOptimizer's backend-neutral
+        one), and the step's other values are combined
+        (micro_batches.combine), which every replica receives."""
         _check_not_xla()
 
         def merge_fn(strategy, gradients, shared):
@@ -331,9 +333,10 @@ class _HostUpdate:
         per replica (summed here, in the same pass; across workers first
         summed per worker, then across the workers), as a micro-batched
         step's M gradients (MicroBatchGradients: every worker's, summed here
-        in order) or already summed on the host. Sparse gradients (IndexedSlices, e.g. Embedding's) are
-        concatenated on the host and go through Keras' own update_step
-        there, as Keras would run it (see concat_on_host)."""
+        in order) or already summed on the host. Sparse gradients
+        (IndexedSlices, e.g. Embedding's) are concatenated on the host and
+        go through Keras' own update_step there, as Keras would run it (see
+        concat_on_host)."""
         if not self._fusing_now(optimizer, variables):
             return False
         variables = [self.extended.host_target(v) for v in variables]
