@@ -82,6 +82,18 @@ def test_the_fused_update_adds_the_micro_batches_in_its_own_pass_bitwise_as_in_o
         np.testing.assert_array_equal(a, b, err_msg=path)
 
 
+def _assert_the_same_on_2_and_4_replicas_as_on_1(train, update):
+    """train(replicas, update) -> ([(path, value)], history): bitwise the
+    same on 2 and 4 replicas as on 1. Returns the 1-replica state."""
+    reference, reference_history = train(1, update)
+    for replicas in (2, 4):
+        state, history = train(replicas, update)
+        for (path, a), (_, b) in zip(state, reference, strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"{replicas} replicas, {path}")
+        assert history == reference_history, f"{replicas} replicas"
+    return reference
+
+
 @pytest.fixture
 def mixed_float16():
     keras.mixed_precision.set_global_policy("mixed_float16")
@@ -109,13 +121,8 @@ def test_loss_scaling_is_invariant_too(update, mixed_float16, exact_arithmetic):
     """mixed_float16: Keras wraps the optimizer in a LossScaleOptimizer; the
     micro-batches' losses are scaled, the sums checked for overflow and the
     dynamic scale updated once per step, the same on every replica count."""
-    reference, reference_history = _train_mixed_precision(1, update)
+    reference = _assert_the_same_on_2_and_4_replicas_as_on_1(_train_mixed_precision, update)
     assert any("dynamic_scale" in path for path, _ in reference)
-    for replicas in (2, 4):
-        state, history = _train_mixed_precision(replicas, update)
-        for (path, a), (_, b) in zip(state, reference, strict=True):
-            np.testing.assert_array_equal(a, b, err_msg=f"{replicas} replicas, {path}")
-        assert history == reference_history, f"{replicas} replicas"
 
 
 def test_the_update_is_the_micro_batches_mean_gradient_added_in_order():
@@ -234,14 +241,9 @@ def _train_everything(replicas, update, steps=20):
 
 @pytest.mark.parametrize("update", ["host", "replicas"])
 def test_batch_norm_dropout_augmentation_metrics_are_invariant_too(update, exact_arithmetic):
-    reference, reference_history = _train_everything(1, update)
+    reference = _assert_the_same_on_2_and_4_replicas_as_on_1(_train_everything, update)
     assert any("seed_generator_state" in path for path, _ in reference)
     assert any("moving_mean" in path for path, _ in reference)
-    for replicas in (2, 4):
-        state, history = _train_everything(replicas, update)
-        for (path, a), (_, b) in zip(state, reference, strict=True):
-            np.testing.assert_array_equal(a, b, err_msg=f"{replicas} replicas, {path}")
-        assert history == reference_history, f"{replicas} replicas"
 
 
 class _Interrupt(keras.callbacks.Callback):
