@@ -189,6 +189,16 @@ def test_update_of_a_buffer_shared_with_another_variable(kind, size):
     np.testing.assert_array_equal(var.numpy(), start - (grads[0].numpy() + grads[1].numpy()))
 
 
+def test_a_rejected_update_of_a_shared_buffer_leaves_the_variable_as_it_was():
+    start = np.arange(1.0, 1024.0, dtype=np.float32)
+    var, other = tf.Variable(start), tf.Variable(tf.zeros([1023]))
+    other.assign(var)  # shares var's buffer
+    with pytest.raises(tf.errors.InvalidArgumentError, match="learning_rate must be finite"):
+        host_apply_sgd(var, [tf.ones([1023])], tf.constant(float("nan")))
+    np.testing.assert_array_equal(var.numpy(), start)
+    np.testing.assert_array_equal(other.numpy(), start)
+
+
 def test_works_inside_tf_function_with_tensor_hyper_parameters():
     var, m, v = tf.Variable(tf.ones([5])), tf.Variable(tf.zeros([5])), tf.Variable(tf.zeros([5]))
     lr = tf.Variable(0.1)

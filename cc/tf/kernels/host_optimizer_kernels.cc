@@ -145,14 +145,12 @@ class HostApplyOp : public OpKernel {
     }
     // The parameter: see Note [Writing a shared parameter]. The slots are
     // the optimizer's own, normally not shared.
-    Tensor shared_param;
+    // The fresh buffer replaces the variable's only once the update has
+    // succeeded: a rejected update leaves the variable as it was.
+    Tensor fresh_param;
     const bool param_shared = !Writable(locked.var(0));
     if (param_shared) {
-      Tensor* tensor = locked.var(0)->tensor();
-      shared_param = *tensor;
-      Tensor fresh;
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensor->dtype(), tensor->shape(), &fresh));
-      *tensor = fresh;
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(param.dtype(), param.shape(), &fresh_param));
     }
     for (int i = 1; i < kNumVariables; ++i) {
       OP_REQUIRES_OK(ctx, MakeWritable(ctx, locked.var(i)));
@@ -174,7 +172,8 @@ class HostApplyOp : public OpKernel {
     };
     a.param = data(0);
     if (param_shared) {
-      a.param_source = reinterpret_cast<const float*>(shared_param.tensor_data().data());
+      a.param_source = a.param;
+      a.param = reinterpret_cast<float*>(const_cast<char*>(fresh_param.tensor_data().data()));
     }
     if (kNumVariables > 1) a.slot0 = data(1);
     if (kNumVariables > 2) a.slot1 = data(2);
@@ -193,6 +192,7 @@ class HostApplyOp : public OpKernel {
     const std::string error = core::HostApplyUpdate(spec, IntraOpRunner(ctx));
     OP_REQUIRES(ctx, error.empty(),
                 absl::InvalidArgumentError(absl::StrCat(name(), ": ", error)));
+    if (param_shared) *locked.var(0)->tensor() = fresh_param;
   }
 
  private:
