@@ -40,6 +40,10 @@ def test_optimizer_internals_on_real_optimizers():
         first, second = _keras_compat.adam_slots(adam, index)
         assert first.shape == second.shape == variable.shape
     assert _keras_compat.built_variables(adam) == variables
+    # Built from a tuple (as `apply_gradients(zip(...))` builds it), inside a
+    # wrapper: still a list, the inner optimizer's variables included.
+    wrapped = _built(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), tuple(variables))
+    assert _keras_compat.built_variables(wrapped) == variables
     assert _keras_compat.uses_weight_decay(adam, variables[0])
     adam.exclude_from_weight_decay(var_names=["w"])
     assert not _keras_compat.uses_weight_decay(adam, variables[0])

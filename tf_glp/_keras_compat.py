@@ -168,14 +168,19 @@ def adam_slots(optimizer, index: int):
 
 
 def built_variables(optimizer) -> list:
-    """The trainable variables the optimizer was built with."""
-    return optimizer._trainable_variables  # noqa: SLF001
-
-
-
-
-
-
+    """The trainable variables the optimizer was built with, as a list
+    (Keras keeps whatever sequence `build` received: a tuple when the user
+    passed `apply_gradients(zip(...))`), a wrapper's (LossScaleOptimizer's)
+    inner optimizer's after its own, each variable once."""
+    found: list = []
+    seen: set[int] = set()
+    while optimizer is not None:
+        for variable in optimizer._trainable_variables:  # noqa: SLF001
+            if id(variable) not in seen:
+                seen.add(id(variable))
+                found.append(variable)
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return found
 
 
 def apply_weight_decay_to_copy(optimizer, variables) -> None:

@@ -12,6 +12,10 @@ tf_glp.Strategy:
   (Strategy._apply_once).
 - LossScaleOptimizer._tf_apply: the same, with its backend-neutral apply
   (finite check, inner step or skip, scale update) as the step.
+- An optimizer met unbuilt in the replicas' step (a custom loop) is built
+  first, outside the trace, as `fit` builds it
+  (Strategy._build_outside_the_trace): in BaseOptimizer.apply's wrapper
+  above, and in LossScaleOptimizer.apply, which builds before _tf_apply.
 - tf.__internal__.distribute.interim.maybe_merge_call (what Keras' TF
   optimizer calls for weight decay, updates and accumulation): in the
   cross-replica context of a tf_glp.Strategy, where that step runs, it calls
@@ -133,6 +137,8 @@ def _install_optimizer_hooks() -> None:
             strategy = _glp_strategy(self)
             if not _in_replicas_step(strategy) or len(grads) == 0:
                 return original(self, grads, trainable_variables)
+            if not self.built and trainable_variables is not None:
+                strategy._build_outside_the_trace(self, trainable_variables)
             return strategy._apply_once(self, lambda g, v: original(self, g, v), grads, trainable_variables)
         return apply
 
@@ -189,7 +195,17 @@ def _install_loss_scale_hook() -> None:
                 loss_scaled=True)
         return _tf_apply
 
+    def apply(original):
+        # Its own apply builds it (in the replicas' step) before _tf_apply.
+        def apply(self, grads, trainable_variables=None):
+            strategy = _glp_strategy(self)
+            if _in_replicas_step(strategy) and not self.built and trainable_variables is not None:
+                strategy._build_outside_the_trace(self, trainable_variables)
+            return original(self, grads, trainable_variables)
+        return apply
+
     _wrap(_LOSS_SCALE_OPTIMIZER, "_tf_apply", tf_apply)
+    _wrap(_LOSS_SCALE_OPTIMIZER, "apply", apply)
 
 
 def _install_model_hooks() -> None:

@@ -226,6 +226,26 @@ class Strategy(tf.distribute.Strategy):
         # is counted once, as in stock MirroredStrategy's all-reduce.)
         tf.distribute.get_replica_context().merge_call(merge_fn, args=(list(grads),))
 
+    def _build_outside_the_trace(self, optimizer, variables) -> None:
+        """Builds an optimizer met unbuilt in the replicas' step (a custom
+        loop's first `apply_gradients`) in cross-replica context, outside
+        any trace, in this strategy's scope: as `fit` builds it. Built
+        inside a traced step, what a `build` writes (ScheduleFreeAdamW
+        copies the weights into its momentum) would be lost: tf.function
+        runs only the initializers of the variables a first trace creates,
+        then retraces without them, so without the build (plain Keras on
+        one device loses those writes too; stock MirroredStrategy applies
+        them differently from a built optimizer)."""
+
+        def build(strategy):
+            if optimizer.built:
+                return
+            with tf.init_scope(), self.scope(), keras.name_scope(optimizer.name, caller=optimizer):
+                optimizer.build(list(variables))
+            optimizer.built = True
+
+        tf.distribute.get_replica_context().merge_call(build)
+
     def _apply_micro_batches(self, optimizer, gradients, variables, shared: dict) -> dict:
         """The host's part of a micro-batched train step (micro_batches.py):
         `gradients[j]` are this replica's gradients of its j-th
