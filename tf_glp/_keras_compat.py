@@ -8,8 +8,9 @@ instance-level ones (an optimizer's slot lists) built from real Keras
 objects; `require_internals()`, called when the first tf_glp.Strategy is
 created, raises instead of letting tf_glp run half-patched.
 
-Not here: host_copies.py and multi_worker.py subclass TensorFlow's private
-strategy extended classes (MirroredExtended, CollectiveAllReduceExtended);
+Not here: host_copies.py, multi_worker.py and one_device.py subclass
+TensorFlow's private strategy extended classes (MirroredExtended,
+CollectiveAllReduceExtended, OneDeviceExtended);
 the methods they override or borrow are listed in INTERNALS too, and
 tests/strategy/ checks their behaviour.
 """
@@ -83,6 +84,10 @@ INTERNALS = {
         "patched: one random stream per micro-batch (micro_batches.py)",
     ("keras.src.layers.normalization.batch_normalization", "BatchNormalization", "_moments"):
         "patched: each micro-batch's moments recorded (micro_batches.py)",
+    ("keras.src.optimizers.loss_scale_optimizer", "LossScaleOptimizer", "apply"):
+        "patched: an optimizer met unbuilt in the replicas' step is built outside the trace (hooks.py)",
+    ("tensorflow.python.distribute.one_device_strategy", "OneDeviceExtended", "_experimental_distribute_dataset"):
+        "overridden: a one-device tf_glp.Strategy leaves datasets as plain Keras iterates them (one_device.py)",
 }
 
 # Instance attributes, checked on real objects by tests/test_keras_compat.py:

@@ -20,6 +20,10 @@ from tf_glp import _keras_compat
 from tf_glp.ops.host_optimizers import host_apply_adam, host_apply_momentum, host_apply_sgd
 
 _FUSED_TYPES = (keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.AdamW)
+# Set on an optimizer whose step on one device was measured faster fused
+# (tf_glp.profiling.optimizer_step, a one-device tf_glp.Strategy): its
+# `_backend_update_step` then runs FusedKerasUpdate (tf_glp.strategy.hooks).
+FUSED_FLAG = "_tf_glp_fused_update"
 
 
 def supports_fused_update(optimizer: keras.optimizers.Optimizer, *, update_step_only: bool = False) -> tuple[bool, str]:

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from tf_glp import _keras_compat
 from tf_glp.ops import supports_fused_update
+from tf_glp.ops.keras_fused import FUSED_FLAG
 
 # The timed step updates at most this many parameters: the cost per
 # parameter is what decides, and a copy of a huge model's state would cost
@@ -37,16 +38,22 @@ MAX_TIMED_PARAMETERS = 2_000_000
 # The fused update is chosen when its median is at least this much faster
 # and the two interquartile ranges do not overlap.
 MIN_GAIN = 1.05
-FUSED_FLAG = "_tf_glp_fused_update"
 
 
-def eligible(model: keras.Model) -> tuple[bool, str]:
-    """Whether the optimizer step can be chosen for this model, and why not."""
+def eligible(model: keras.Model, one_device_strategy=None) -> tuple[bool, str]:
+    """Whether the optimizer step can be chosen for this model, and why not:
+    trained without a tf.distribute strategy, or under
+    `one_device_strategy` (a one-device tf_glp.Strategy, which trains
+    through plain Keras' path)."""
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return False, "the model has no optimizer"
-    if tf.distribute.has_strategy() or not _keras_compat.is_default_strategy(model.distribute_strategy):
+    under = model.distribute_strategy
+    if under is not one_device_strategy and (
+            tf.distribute.has_strategy() or not _keras_compat.is_default_strategy(under)):
         return False, "under a tf.distribute strategy (tf_glp.Strategy fuses the host update itself)"
+    if getattr(model, "jit_compile", False) is True:
+        return False, "XLA compiles the step (jit_compile=True): the fused ops cannot run inside XLA"
     if tf.config.list_logical_devices("GPU"):
         return False, "a GPU holds the variables"
     ok, why = supports_fused_update(optimizer, update_step_only=True)

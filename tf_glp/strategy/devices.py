@@ -38,13 +38,22 @@ def cpu_replica_devices(count: int) -> list[str]:
 
 def default_devices(cpu_replicas: int | None) -> list[str]:
     """All GPUs; without GPUs, `cpu_replicas` logical CPUs (default: the
-    TF_GLP_CPU_REPLICAS environment variable, which tf_glp.launch sets, else 2)."""
+    TF_GLP_CPU_REPLICAS environment variable, which tf_glp.launch sets, else
+    2: where one device is not the choice, see trains_on_one_device)."""
     gpus = tf.config.list_physical_devices("GPU")
     if gpus and cpu_replicas is None:
         return [f"/gpu:{i}" for i in range(len(gpus))]
     if cpu_replicas is None:
         cpu_replicas = _env_cpu_replicas()
     return cpu_replica_devices(cpu_replicas)
+
+
+def trains_on_one_device(devices, cpu_replicas: int | None) -> bool:
+    """Whether `tf_glp.Strategy()` trains on one device: no devices and no
+    replica count given (nor TF_GLP_CPU_REPLICAS), and no GPU. Logical CPU
+    replicas share the same cores, so they could only add work."""
+    return (devices is None and cpu_replicas is None and "TF_GLP_CPU_REPLICAS" not in os.environ
+            and not tf.config.list_physical_devices("GPU"))
 
 
 def _env_cpu_replicas() -> int:

@@ -21,8 +21,14 @@ tf_glp.Strategy:
   cross-replica context of a tf_glp.Strategy, where that step runs, it calls
   the function directly instead of failing for want of a replica context.
 - TFOptimizer._backend_update_step: the fused host update (update="host",
-  SGD / Adam / AdamW; and without a strategy where the start-up profiler
-  chose it, tf_glp.profiling.optimizer_step).
+  SGD / Adam / AdamW; and on one device where it measured faster: without
+  a strategy as the start-up profiler chose it,
+  tf_glp.profiling.optimizer_step, or under a one-device tf_glp.Strategy,
+  one_device.py).
+
+A one-device tf_glp.Strategy (no GPUs, no replicas asked for) takes none
+of the multi-replica paths: Keras' own step runs, as without a strategy,
+with only the fused update where it measured faster.
 - TFOptimizer._apply_weight_decay: skipped when the fused update applies it.
 - Trainer.compile: jit_compile="auto" becomes False (the host ops run
   outside XLA); jit_compile=True is refused with a clear message. (Patched
@@ -53,6 +59,7 @@ import tensorflow as tf
 
 from tf_glp import _keras_compat
 from tf_glp.ops import FusedKerasUpdate
+from tf_glp.ops.keras_fused import FUSED_FLAG
 from tf_glp.strategy import chunking_decision, micro_batches
 
 _installed = False
@@ -123,12 +130,19 @@ def _install_merge_call_hook() -> None:
     _wrap(_MERGE_CALL, "maybe_merge_call", maybe_merge_call)
 
 
-def _fused_without_strategy(optimizer) -> bool:
-    """Whether the start-up profiler chose the fused update for this
-    optimizer (tf_glp.profiling.optimizer_step), trained without a strategy."""
-    from tf_glp.profiling.optimizer_step import FUSED_FLAG  # noqa: PLC0415
+def _one_device(strategy) -> bool:
+    """Whether `strategy` is a one-device tf_glp.Strategy: plain Keras' path."""
+    return getattr(strategy, "_is_one_device", False)
 
-    return getattr(optimizer, FUSED_FLAG, False) and not tf.distribute.has_strategy()
+
+def _fused_on_one_device(optimizer) -> bool:
+    """Whether the fused update was chosen for this optimizer on one device:
+    by the start-up profiler (tf_glp.profiling.optimizer_step) without a
+    strategy, or by a one-device tf_glp.Strategy; never inside XLA."""
+    if not getattr(optimizer, FUSED_FLAG, False) or _keras_compat.in_xla_context():
+        return False
+    strategy = _glp_strategy(optimizer)
+    return _one_device(strategy) if strategy is not None else not tf.distribute.has_strategy()
 
 
 def _install_optimizer_hooks() -> None:
@@ -139,21 +153,23 @@ def _install_optimizer_hooks() -> None:
                 return original(self, grads, trainable_variables)
             if not self.built and trainable_variables is not None:
                 strategy._build_outside_the_trace(self, trainable_variables)
+            if _one_device(strategy):  # nothing to sum: Keras' own step, as without a strategy
+                return original(self, grads, trainable_variables)
             return strategy._apply_once(self, lambda g, v: original(self, g, v), grads, trainable_variables)
         return apply
 
     def backend_update_step(original):
         def _backend_update_step(self, grads, trainable_variables, learning_rate):
             strategy = _glp_strategy(self)
-            if strategy is None:
-                if _fused_without_strategy(self):
-                    if not any(isinstance(g, tf.IndexedSlices) for g in grads):
-                        FusedKerasUpdate(self, update_step_only=True).apply(
-                            [[g] for g in grads], trainable_variables, increment_iterations=False)
-                        return None
-                    # Sparse gradients: Keras' own update, with the weight
-                    # decay the hook below skipped.
-                    _keras_compat.apply_weight_decay_to_copy(self, trainable_variables)
+            if _fused_on_one_device(self):
+                if not any(isinstance(g, tf.IndexedSlices) for g in grads):
+                    FusedKerasUpdate(self, update_step_only=True).apply(
+                        [[g] for g in grads], trainable_variables, increment_iterations=False)
+                    return None
+                # Sparse gradients: Keras' own update, with the weight decay
+                # the hook below skipped.
+                _keras_compat.apply_weight_decay_to_copy(self, trainable_variables)
+            if strategy is None or _one_device(strategy):
                 return original(self, grads, trainable_variables, learning_rate)
             if strategy._apply_update(self, grads, trainable_variables):
                 return None
@@ -164,8 +180,7 @@ def _install_optimizer_hooks() -> None:
     def apply_weight_decay(original):
         def _apply_weight_decay(self, variables):
             strategy = _glp_strategy(self)
-            if (strategy is not None and strategy._fusing_now(self, variables)) or (
-                    strategy is None and _fused_without_strategy(self)):
+            if _fused_on_one_device(self) or (strategy is not None and strategy._fusing_now(self, variables)):
                 return None  # the fused update applies it, with the same learning rate
             return original(self, variables)
         return _apply_weight_decay
@@ -188,7 +203,7 @@ def _install_loss_scale_hook() -> None:
     def tf_apply(original):
         def _tf_apply(self, grads, trainable_variables=None):
             strategy = _glp_strategy(self)
-            if not _in_replicas_step(strategy):
+            if not _in_replicas_step(strategy) or _one_device(strategy):
                 return original(self, grads, trainable_variables)
             return strategy._apply_once(
                 self, lambda g, v: _keras_compat.apply_loss_scaled(self, g, v), grads, trainable_variables,
@@ -216,7 +231,8 @@ def _install_model_hooks() -> None:
         # Patched on Keras' Trainer itself: Keras treats a Model whose compile
         # differs from Trainer.compile as custom and skips compile on load.
         def compile(self, *args, **kwargs):  # noqa: A001 (Keras' name)
-            if _glp_strategy(self) is None:
+            strategy = _glp_strategy(self)
+            if strategy is None or _one_device(strategy):  # (one device: the fused update stays out of XLA)
                 return original(self, *args, **kwargs)
             bound = compile_signature.bind(self, *args, **kwargs)
             if bound.arguments.get("jit_compile", "auto") is True:
@@ -248,6 +264,8 @@ def _install_model_hooks() -> None:
             if not chunking_decision.decide_without_measuring(strategy):
                 if not any(isinstance(c, chunking_decision.ChunkingDecision) for c in callbacks):
                     callbacks.append(chunking_decision.ChunkingDecision(strategy))
+            if _one_device(strategy) and not strategy.optimizer_step_decided(self.optimizer):
+                callbacks.append(strategy.optimizer_step_decision())
             if callbacks != list(given or []):
                 bound.arguments["callbacks"] = callbacks
             return original(*bound.args, **bound.kwargs)

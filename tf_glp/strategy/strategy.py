@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import warnings
 
 import keras
 import tensorflow as tf
@@ -45,6 +46,7 @@ from tf_glp.ops import FusedKerasUpdate, host_reduce, supports_fused_update
 from tf_glp.strategy import chunking as chunking_lib
 from tf_glp.strategy import cost_model, devices as devices_lib, hooks, multi_worker
 from tf_glp.strategy import micro_batches as micro_batches_lib
+from tf_glp.strategy import one_device
 from tf_glp.strategy.cross_device_ops import (
     HostCrossDeviceOps,
     byte_sizes,
@@ -64,12 +66,17 @@ class Strategy(tf.distribute.Strategy):
     """Data-parallel training with the host CPUs aggregating gradients.
 
     `Strategy(...)` returns a `HostStrategy` (update="host") or a
-    `ReplicaStrategy` (update="replicas"), both MirroredStrategies and
-    instances of `tf_glp.Strategy`.
+    `ReplicaStrategy` (update="replicas"), both MirroredStrategies, or on a
+    machine without GPUs, unless replicas are asked for, a
+    `SingleDeviceStrategy` (one device, plain Keras' path with the fused
+    optimizer update where it measures faster: logical CPU replicas share
+    the same cores and could only add work); all are instances of
+    `tf_glp.Strategy`.
 
     Args:
-        devices: Compute devices. Default: all GPUs; without GPUs,
-            `cpu_replicas` logical CPU devices.
+        devices: Compute devices. Default: all GPUs; without GPUs, one
+            device (or `cpu_replicas` logical CPU devices when given, or
+            with micro_batches 2).
         update: "host" (optimizer runs once, on the host) or "replicas"
             (every replica applies the host-summed gradients).
         chunking: "auto" (decided at the start of the first fit: one chunk
@@ -85,8 +92,9 @@ class Strategy(tf.distribute.Strategy):
             loss-scaled step ('mixed_float16'): there it becomes inf, the
             step is skipped and the scale lowered, as loss scaling intends.
         cpu_replicas: Number of logical CPU replicas when there are no GPUs
-            (default 2), or to force CPU replicas on a GPU machine. Per
-            worker when training across workers.
+            (default None: one device; TF_GLP_CPU_REPLICAS when set, as
+            `python -m tf_glp.launch` sets it), or to force CPU replicas on a
+            GPU machine. Per worker when training across workers.
         micro_batches: None (default), or M: every global batch is cut into
             M equal micro-batches whose gradients are computed one by one
             and added on the host in a fixed order, so that any replica
@@ -123,12 +131,16 @@ class Strategy(tf.distribute.Strategy):
                 raise ValueError(f"update must be 'host' or 'replicas', got {update!r}")
             if multi_worker.resolve_cluster(cluster_resolver) is not None:
                 cls = MultiWorkerHostStrategy if update == "host" else MultiWorkerReplicaStrategy
+            elif micro_batches is None and devices_lib.trains_on_one_device(devices, cpu_replicas):
+                cls = SingleDeviceStrategy
             else:
                 cls = HostStrategy if update == "host" else ReplicaStrategy
         return object.__new__(cls)
 
-    # Marks tf_glp strategies for hooks.py (which must not import this module).
+    # Mark tf_glp strategies, and the one-device one, for hooks.py (which
+    # must not import this module).
     _is_tf_glp_strategy = True
+    _is_one_device = False
 
     def _glp_setup(self, devices, update, chunking, compression, cpu_replicas, micro_batches=None,
                    workers: int = 1) -> list[str]:
@@ -192,8 +204,13 @@ class Strategy(tf.distribute.Strategy):
         if not self.chunking_state.decided and not self.chunking_state.trials:
             lines.append(f"  chunks in use: {self.chunking_state.in_use()} (chunking='auto' decides at the start "
                          f"of the first fit)")
-            return "\n".join(lines)
-        lines.extend(self.chunking_state.explain_lines())
+        else:
+            lines.extend(self.chunking_state.explain_lines())
+        if not self.uses_gpus():
+            lines.append(f"  cost: {len(self.extended.worker_devices)} logical CPU replicas share the host's cores, so "
+                         f"they add no compute, only tf.distribute's fixed cost per step (a few ms here, "
+                         f"benchmarks/RESULTS.md); tf_glp.Strategy() without devices or cpu_replicas trains on one "
+                         f"device")
         return "\n".join(lines)
 
     def _reducing_gradients(self):
@@ -387,6 +404,48 @@ class _HostUpdate:
                     rows = across([rows])[0]
                 _apply_sparse_update(self, optimizer, rows, variables[i])
         return True
+
+
+class SingleDeviceStrategy(Strategy, tf.distribute.OneDeviceStrategy):
+    """tf_glp.Strategy on one device: `tf_glp.Strategy()` on a machine
+    without GPUs (one_device.py). Plain Keras' path, with tf_glp's fused
+    optimizer update where it measures faster at the start of the first fit.
+
+    Example:
+        >>> strategy = tf_glp.Strategy()  # no GPUs: one device
+        >>> with strategy.scope():
+        ...     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        ...     model.compile(optimizer="adam", loss="mse")
+        >>> model.fit(x, y, batch_size=32)
+        >>> print(strategy.explain())
+    """
+
+    _is_one_device = True
+
+    def __init__(self, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None,
+                 cluster_resolver=None, micro_batches=None):
+        self._glp_setup([HOST_DEVICE], update, chunking, compression, None)
+        if compression:
+            warnings.warn(f"tf_glp.Strategy: compression={compression!r} has nothing to compress on one device (no "
+                          f"gradient crosses to the host); pass cpu_replicas=N to train N replicas.", stacklevel=3)
+        self._optimizer_step = one_device.OptimizerStepChoice(self)
+        tf.distribute.Strategy.__init__(self, one_device.OneDeviceExtended(self, HOST_DEVICE))
+
+    def optimizer_step_decided(self, optimizer) -> bool:
+        """Whether this optimizer's step (Keras' or the fused one) is chosen."""
+        return self._optimizer_step.decided(optimizer)
+
+    def optimizer_step_decision(self) -> keras.callbacks.Callback:
+        """The callback that chooses it at the start of fit (added by fit)."""
+        return one_device.OptimizerStepDecision(self._optimizer_step)
+
+    def explain(self) -> str:
+        """Why one device, and which optimizer step runs (with its timings)."""
+        return "\n".join([
+            f"tf_glp.Strategy(update={self.update!r}) on one device ({HOST_DEVICE}): no GPUs, so it trains as plain "
+            f"Keras does; logical CPU replicas would share these cores and only add tf.distribute's fixed cost per "
+            f"step (cpu_replicas=N trains N replicas, to try multi-replica code)",
+            self._optimizer_step.explain_line()])
 
 
 class HostStrategy(_HostUpdate, Strategy, tf.distribute.MirroredStrategy):

@@ -1,0 +1,191 @@
+"""tf_glp.Strategy() on a machine without GPUs: one device, plain Keras'
+path, the fused optimizer step where it measures faster.
+
+Checked against plain Keras (no strategy) on a model with what users train
+with: augmentation, Dropout, BatchNormalization, metrics, tf.data input,
+mixed precision; custom loops through strategy.run; the optimizer-step
+choice with an injected clock."""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_glp
+from tf_glp.ops.keras_fused import FUSED_FLAG
+from tf_glp.profiling import optimizer_step
+from tf_glp.strategy.strategy import SingleDeviceStrategy
+
+L = keras.layers
+
+
+@pytest.fixture(autouse=True)
+def _no_replicas_from_the_environment(monkeypatch):
+    monkeypatch.delenv("TF_GLP_CPU_REPLICAS", raising=False)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """Injects the optimizer-step timings: clock("fused") makes the fused
+    update measure 2x faster, clock("native") Keras' update."""
+
+    def set_winner(winner):
+        fast, slow = [0.001] * 5, [0.002] * 5
+        monkeypatch.setattr(optimizer_step, "time_updates",
+                            lambda *a, **k: (slow, fast) if winner == "fused" else (fast, slow))
+
+    return set_winner
+
+
+def _data(n=64, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.random((n, 6, 6, 3), dtype=np.float32), rng.integers(0, 4, n)
+
+
+def _model():
+    return keras.Sequential([
+        keras.Input((6, 6, 3)), L.RandomFlip("horizontal"), L.Conv2D(8, 3, activation="relu"),
+        L.BatchNormalization(), L.Flatten(), L.Dropout(0.25), L.Dense(16, activation="relu"), L.Dense(4)])
+
+
+def _fit(strategy, optimizer, *, dataset=False, epochs=2):
+    x, y = _data()
+    keras.utils.set_random_seed(7)
+    scope = strategy.scope() if strategy is not None else tf.distribute.get_strategy().scope()
+    with scope:
+        model = _model()
+        model.compile(optimizer=optimizer(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    data = dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(16)) if dataset else dict(x=x, y=y, batch_size=16)
+    history = model.fit(**data, epochs=epochs, shuffle=False, verbose=0).history
+    evaluation = model.evaluate(x, y, batch_size=16, verbose=0)
+    return history, [w.numpy() for w in model.weights], [v.numpy() for v in model.optimizer.variables], evaluation
+
+
+def _assert_bitwise(ours, plain):
+    assert ours[0] == plain[0]
+    for a, b in zip(ours[1] + ours[2], plain[1] + plain[2], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert ours[3] == plain[3]
+
+
+def test_without_gpus_the_default_is_one_device():
+    strategy = tf_glp.Strategy()
+    assert isinstance(strategy, SingleDeviceStrategy)
+    assert isinstance(strategy, tf_glp.Strategy) and isinstance(strategy, tf.distribute.Strategy)
+    assert strategy.num_replicas_in_sync == 1
+    assert "one device" in strategy.explain()
+    # Replicas stay one argument away, and so does micro-batching's default.
+    assert tf_glp.Strategy(cpu_replicas=2).num_replicas_in_sync == 2
+    assert tf_glp.Strategy(micro_batches=2).num_replicas_in_sync == 2
+    assert "logical CPU replicas share the host's cores" in tf_glp.Strategy(cpu_replicas=2).explain()
+
+
+@pytest.mark.parametrize("dataset", [False, True], ids=["arrays", "tf.data"])
+def test_trains_bitwise_like_plain_keras(dataset, clock, fused_calls):
+    clock("native")
+    strategy = tf_glp.Strategy()
+    _assert_bitwise(_fit(strategy, lambda: keras.optimizers.Adam(0.01), dataset=dataset),
+                    _fit(None, lambda: keras.optimizers.Adam(0.01), dataset=dataset))
+    assert not fused_calls
+    assert "optimizer step: Keras' own" in strategy.explain()
+
+
+def test_an_optimizer_it_cannot_fuse_is_not_timed(monkeypatch):
+    monkeypatch.setattr(optimizer_step, "time_updates", lambda *a, **k: pytest.fail("timed"))
+    strategy = tf_glp.Strategy()
+    _assert_bitwise(_fit(strategy, lambda: keras.optimizers.RMSprop(0.01)),
+                    _fit(None, lambda: keras.optimizers.RMSprop(0.01)))
+    assert "optimizer step: Keras' own (RMSprop" in strategy.explain()
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+def test_the_fused_step_where_it_measures_faster(name, clock, fused_calls, exact_arithmetic):
+    clock("fused")
+    strategy = tf_glp.Strategy()
+    ours = _fit(strategy, lambda: getattr(keras.optimizers, name)(0.01), epochs=1)
+    plain = _fit(None, lambda: getattr(keras.optimizers, name)(0.01), epochs=1)
+    assert fused_calls  # traced into the step after the choice, at no extra retrace
+    assert "tf_glp's fused update" in strategy.explain()
+    np.testing.assert_allclose(ours[0]["loss"], plain[0]["loss"], rtol=1e-6)
+    for a, b in zip(ours[1] + ours[2], plain[1] + plain[2], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_choice_is_made_once_per_optimizer(clock, monkeypatch):
+    clock("fused")
+    calls = []
+    original = optimizer_step.time_updates
+    monkeypatch.setattr(optimizer_step, "time_updates", lambda *a, **k: calls.append(1) or original(*a, **k))
+    strategy = tf_glp.Strategy()
+    x, y = _data()
+    with strategy.scope():
+        model = _model()
+        model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+    model.fit(x, tf.one_hot(y, 4), batch_size=16, epochs=1, verbose=0)
+    model.fit(x, tf.one_hot(y, 4), batch_size=16, epochs=1, verbose=0)
+    assert len(calls) == 1 and getattr(model.optimizer, FUSED_FLAG)
+
+
+def test_mixed_precision_like_plain_keras(clock):
+    clock("native")
+    before = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_dtype_policy("mixed_float16")
+    try:
+        ours = _fit(tf_glp.Strategy(), lambda: keras.optimizers.Adam(0.01), epochs=1)
+        plain = _fit(None, lambda: keras.optimizers.Adam(0.01), epochs=1)
+    finally:
+        keras.mixed_precision.set_dtype_policy(before)
+    _assert_bitwise(ours, plain)
+
+
+def test_xla_is_allowed_and_keeps_keras_update(clock, fused_calls):
+    clock("fused")
+    strategy = tf_glp.Strategy()
+    x, y = _data()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6, 6, 3)), L.Flatten(), L.Dense(4)])
+        model.compile(optimizer="adam", loss="mse", jit_compile=True)
+    model.fit(x, tf.one_hot(y, 4), batch_size=16, epochs=1, verbose=0)
+    assert not fused_calls
+    assert "XLA compiles the step" in strategy.explain()
+
+
+def test_custom_loop_like_plain_keras():
+    x, y = _data()
+
+    def loop(strategy):
+        keras.utils.set_random_seed(3)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((6, 6, 3)), L.Flatten(), L.Dense(4)])
+            optimizer = keras.optimizers.Adam(0.01)
+        dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(16))
+
+        def replica_step(inputs, targets):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(keras.losses.sparse_categorical_crossentropy(
+                    targets, model(inputs), from_logits=True), global_batch_size=16)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+
+        @tf.function
+        def step(inputs, targets):
+            return strategy.reduce("SUM", strategy.run(replica_step, args=(inputs, targets)), axis=None)
+
+        losses = [float(step(*batch)) for batch in dataset]
+        return losses, [w.numpy() for w in model.weights]
+
+    ours, plain = loop(tf_glp.Strategy()), loop(tf.distribute.get_strategy())
+    assert ours[0] == plain[0]
+    for a, b in zip(ours[1], plain[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_compression_has_nothing_to_compress_on_one_device():
+    with pytest.warns(UserWarning, match="compression='bf16' has nothing to compress on one device"):
+        tf_glp.Strategy(compression="bf16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tf_glp.Strategy()

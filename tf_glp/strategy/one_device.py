@@ -1,0 +1,94 @@
+"""tf_glp.Strategy on one device: what `tf_glp.Strategy()` is on a machine
+without GPUs (unless replicas are asked for).
+
+Logical CPU replicas share the same cores: they add no compute, only the
+fixed cost of a distributed step (the distributed iterator, the merge, the
+reductions of the logs: a few milliseconds per step on this project's CPU
+machines, benchmarks/RESULTS.md). So without GPUs tf_glp trains on one
+device through the path plain Keras takes, with one change where it pays:
+the optimizer step runs through tf_glp's fused native update
+(tf_glp.ops.FusedKerasUpdate: SGD, momentum, Adam, AdamW on float32
+weights) where that measured faster on the model's own shapes at the start
+of the first fit (tf_glp.profiling.optimizer_step, as the start-up
+profiler measures it), Keras' own update otherwise.
+
+The strategy is a OneDeviceStrategy whose datasets are not wrapped: Keras
+then iterates them as it does without a strategy (OneDeviceStrategy's
+distributed iterator costs about 0.3 ms per step), and its step holds no
+merge and no reduction.
+"""
+
+from __future__ import annotations
+
+import keras
+
+from tf_glp import _keras_compat
+from tf_glp.ops.keras_fused import FUSED_FLAG
+from tf_glp.profiling import optimizer_step
+
+
+class OneDeviceExtended(_keras_compat.keras_class("tensorflow.python.distribute.one_device_strategy",
+                                                  "OneDeviceExtended")):
+    """OneDeviceStrategy's extended object, datasets left as they are."""
+
+    def _experimental_distribute_dataset(self, dataset, options):
+        del options  # nothing to place: the one device reads the pipeline as plain Keras does
+        return dataset
+
+
+class OptimizerStepChoice:
+    """The optimizer step of a one-device tf_glp.Strategy: Keras' update or
+    the fused one, measured once per optimizer at the start of its first fit."""
+
+    def __init__(self, strategy):
+        self._strategy = strategy
+        self._optimizer_id: int | None = None
+        self.record: dict | None = None
+
+    def decided(self, optimizer) -> bool:
+        return optimizer is not None and self._optimizer_id == id(optimizer)
+
+    def decide(self, model: keras.Model, trials: int = 5) -> bool:
+        """Measures (or keeps) the choice for `model`'s optimizer and sets it
+        on the optimizer. True if its step changed (the train function must
+        then be traced anew)."""
+        optimizer = model.optimizer
+        if self.decided(optimizer):
+            return False
+        ok, why = optimizer_step.eligible(model, one_device_strategy=self._strategy)
+        if ok:
+            native, fused = optimizer_step.time_updates(optimizer, model.trainable_variables, trials)
+            self.record = optimizer_step.record(optimizer, native, fused, model.trainable_variables)
+        else:
+            self.record = {"optimizer_class": type(optimizer).__name__, "choice": "native", "reason": why}
+        self._optimizer_id = id(optimizer)
+        fused = self.record["choice"] == "fused"
+        if fused == bool(getattr(optimizer, FUSED_FLAG, False)):
+            return False
+        setattr(optimizer, FUSED_FLAG, fused)
+        return True
+
+    def explain_line(self) -> str:
+        if self.record is None:
+            return "  optimizer step: decided at the start of the first fit (Keras' update or the fused one)"
+        record = self.record
+        if "native_ms" not in record:
+            return f"  optimizer step: Keras' own ({record['optimizer_class']}: {record['reason']})"
+        chosen = "tf_glp's fused update" if record["choice"] == "fused" else "Keras' own"
+        return (f"  optimizer step: {chosen} ({record['optimizer_class']}, {record['reason']}; timed on "
+                f"{record['timed_parameters']:,} of {record['parameters']:,} parameters: Keras "
+                f"{record['native_ms']:.3f} ms, fused {record['fused_ms']:.3f} ms)")
+
+
+class OptimizerStepDecision(keras.callbacks.Callback):
+    """Decides a one-device tf_glp.Strategy's optimizer step at the start of
+    fit (added to fit by tf_glp.Strategy; fit has made its step functions
+    but not traced them, so a changed step costs no retrace)."""
+
+    def __init__(self, choice: OptimizerStepChoice):
+        super().__init__()
+        self._choice = choice
+
+    def on_train_begin(self, logs=None):
+        if self._choice.decide(self.model):
+            self.model.make_train_function(force=True)
