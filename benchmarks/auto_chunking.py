@@ -1,4 +1,4 @@
-"""What chunking="auto" costs a user, against chunking="none" (issue 10).
+"""What chunking="auto" costs a user, against chunking="none".
 
     python benchmarks/auto_chunking.py                  # 2 and 4 replicas
     python benchmarks/auto_chunking.py --write-results  # and append to RESULTS.md
@@ -112,7 +112,7 @@ def main() -> None:
     print("\n\n".join(explains))
     print(f"benchmark took {elapsed:.0f} s")
     if args.write_results:
-        text = [f"## chunking=\"auto\" against \"none\" (issue 10) — {datetime.date.today().isoformat()}", "",
+        text = [f"## chunking=\"auto\" against \"none\" — {datetime.date.today().isoformat()}", "",
                 f"Machine: {platform.machine()}, {os.cpu_count()} cores; logical CPU devices share them. Command: "
                 f"`python benchmarks/auto_chunking.py --write-results` ({elapsed:.0f} s). Fresh model and strategy "
                 f"per run, medians of {ROUNDS} interleaved runs; fit(epochs={EPOCHS}) with {STEPS_PER_EPOCH} steps "

@@ -1,5 +1,5 @@
 """Forward + backward time of Keras' native Conv2D/Dense against tf_glp's
-concurrent layers at k = 1, 2, 4 lanes, measured in one run (issue 5).
+concurrent layers at k = 1, 2, 4 lanes, measured in one run.
 
 Layers: a small quickstart CNN (Conv2D 32 3x3 on 32x32x3 -> pool -> Conv2D 64
 3x3 -> pool -> Dense 128 -> Dense 10) and a VGG-style block (Conv2D 64 3x3
@@ -15,7 +15,7 @@ and the ratios "k best / k1" (speed-up from lanes) and "native / GLP best"
 Usage:
     python benchmarks/glp_layers.py [--reps N] [--results benchmarks/RESULTS.md]
 With --results the table is appended to that file as a dated section
-"## GLP layers (issue 5) — DATE"; older sections are kept.
+"## GLP layers — DATE"; older sections are kept.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import tf_glp  # noqa: E402
 from results_file import append_section  # noqa: E402
 from tf_glp import layers as glp_layers  # noqa: E402
 
-SECTION = "## GLP layers (issue 5)"
+SECTION = "## GLP layers"
 LANES = (1, 2, 4)
 BATCHES = (8, 32, 128)
 
@@ -54,7 +54,7 @@ LAYERS = [
 ]
 
 
-# 16-bit rows (mixed precision, issue 14): name suffix, policy, batch.
+# 16-bit rows (mixed precision): name suffix, policy, batch.
 MIXED = [
     ("quickstart conv2 15x15x32 -> 64 3x3", "mixed_float16", 32),
     ("VGG block conv 32x32x64 -> 64 3x3 same", "mixed_bfloat16", 32),

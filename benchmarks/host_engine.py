@@ -232,7 +232,7 @@ def main() -> None:
         rows = shared_parameter_table()
         if args.write_results:
             append_section("\n".join([
-                f"## Fused update of a shared parameter buffer (issue 19) — {datetime.date.today().isoformat()}", "",
+                f"## Fused update of a shared parameter buffer — {datetime.date.today().isoformat()}", "",
                 f"Machine: {machine()}. Command: `python benchmarks/host_engine.py --shared-parameter "
                 f"--write-results`; 200 interleaved rounds.", "", *rows, ""]))
         return
@@ -255,7 +255,7 @@ def main() -> None:
     print(f"benchmark took {elapsed:.0f} s")
     if args.write_results:
         section = [
-            f"## Host engine (issue 3) — {datetime.date.today().isoformat()}",
+            f"## Host engine — {datetime.date.today().isoformat()}",
             "",
             f"Machine: {machine()}. Command: `python benchmarks/host_engine.py --write-results` ({elapsed:.0f} s).",
             f"Measured ceiling: numpy copy of 128 MB (read + write), {single:.1f} GB/s on one thread, {multi:.1f} GB/s "

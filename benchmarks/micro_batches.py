@@ -1,4 +1,4 @@
-"""What tf_glp.Strategy(micro_batches=M) costs (issue 21).
+"""What tf_glp.Strategy(micro_batches=M) costs.
 
     python benchmarks/micro_batches.py                  # prints the table
     python benchmarks/micro_batches.py --write-results  # and appends it to RESULTS.md
@@ -111,7 +111,7 @@ def main() -> None:
     elapsed = time.time() - start
     if args.write_results:
         append_section("\n".join([
-            f"## micro_batches (issue 21) — {datetime.date.today().isoformat()}", "",
+            f"## micro_batches — {datetime.date.today().isoformat()}", "",
             f"Machine: {platform.machine()}, {os.cpu_count()} cores (logical CPU devices share them). Command: "
             f"`python benchmarks/micro_batches.py --write-results` ({elapsed:.0f} s). Global batch {GLOBAL_BATCH}, "
             f"Adam, update=\"host\". First epoch: build, compile, fit of {FIRST_STEPS} steps. Steady: {ROUNDS} "

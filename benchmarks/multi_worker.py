@@ -144,7 +144,7 @@ def main() -> None:
     print("\n".join(rows))
     print(f"benchmark took {elapsed:.0f} s")
     if args.write_results:
-        text = [f"## Multi-worker (issue 12) — {datetime.date.today().isoformat()}", "",
+        text = [f"## Multi-worker — {datetime.date.today().isoformat()}", "",
                 f"Machine: {platform.machine()}, {os.cpu_count()} cores, shared by all workers. Command: "
                 f"`python benchmarks/multi_worker.py --write-results` ({elapsed:.0f} s). MLP 784-1024-1024-10, "
                 f"Adam, global batch {GLOBAL_BATCH}, {STEPS_PER_EPOCH} steps per epoch; start-up = strategy "

@@ -1,4 +1,4 @@
-"""What the start-up profiler costs and what its plan gives (issues 11, 20).
+"""What the start-up profiler costs and what its plan gives.
 
     python benchmarks/profiler.py                  # prints the tables
     python benchmarks/profiler.py --write-results  # and appends them to RESULTS.md
@@ -70,7 +70,7 @@ def main() -> None:
         elapsed = time.time() - started
         if args.write_results:
             append_section("\n".join([
-                f"## Start-up profiler on a wide MLP (issue 20) — {datetime.date.today().isoformat()}", "",
+                f"## Start-up profiler on a wide MLP — {datetime.date.today().isoformat()}", "",
                 f"Machine: {platform.machine()}, {os.cpu_count()} cores, one CPU device, no strategy. Command: "
                 f"`python benchmarks/profiler.py --write-results --parts {' '.join(args.parts)}` ({elapsed:.0f} s). "
                 f"Wide MLP 1024-4096-4096-10, batch 32. First epoch: build, compile, fit of "
@@ -82,7 +82,7 @@ def main() -> None:
 
 
 def layer_parts(args) -> None:
-    """Parts 1-3 (issue 11): cost, gain, alone vs in the step."""
+    """Parts 1-3: cost, gain, alone vs in the step."""
     import tf_glp  # noqa: PLC0415
 
     strategy = tf_glp.Strategy(cpu_replicas=2)  # before any TensorFlow op (logical CPU devices)
@@ -265,7 +265,7 @@ def layer_parts(args) -> None:
     for name, plan in plans.items():
         print(f"{name} plan:\n{tf_glp.plan.table(plan)}")
     if args.write_results:
-        text = [f"## Start-up profiler (issue 11) — {datetime.date.today().isoformat()}", "",
+        text = [f"## Start-up profiler — {datetime.date.today().isoformat()}", "",
                 f"Machine: {platform.machine()}, {os.cpu_count()} cores. Command: "
                 f"`python benchmarks/profiler.py --write-results`. Medians of interleaved rounds ({COST_ROUNDS} for the "
                 f"cost, {GAIN_ROUNDS} for the gain).", "",

@@ -1,5 +1,5 @@
-"""The start-up profiler on a wide MLP on one CPU device, no strategy (issue
-20): plain Keras against the same script with ConcurrencyProfiler, profiling
+"""The start-up profiler on a wide MLP on one CPU device, no strategy:
+plain Keras against the same script with ConcurrencyProfiler, profiling
 (no plan file) and reusing its plan; part of benchmarks/profiler.py.
 
     python benchmarks/profiler.py --parts wide determinism

@@ -197,7 +197,7 @@ def main() -> None:
     elapsed = time.time() - start
     print(f"benchmark took {elapsed:.0f} s")
     if args.write_results:
-        text = [f"## Strategies (issue 19) — {datetime.date.today().isoformat()}", "",
+        text = [f"## Strategies — {datetime.date.today().isoformat()}", "",
                 f"Machine: {platform.machine()}, {os.cpu_count()} cores; logical CPU devices share them. "
                 f"Command: `python benchmarks/strategies.py --write-results` ({elapsed:.0f} s). Global batch 64 "
                 f"per replica, Adam. First epoch: build, compile and a fit of {FIRST_STEPS} steps (wall clock). "

@@ -1,4 +1,4 @@
-"""The Bazel wheel and `pip wheel .` hold the same files and code (issue 6).
+"""The Bazel wheel and `pip wheel .` hold the same files and code.
 
 Both wheels are built by tools/bazel_ci.sh, which then runs this file with
 TF_GLP_BAZEL_WHEEL and TF_GLP_PIP_WHEEL naming them; without those variables

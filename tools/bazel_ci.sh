@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI step "Bazel build and Bazel-built wheel, offline" (issue 6):
+# CI step "Bazel build and Bazel-built wheel, offline":
 #   1. installs Debian's bazel-bootstrap (Bazel 4.2.3) if there is no Bazel;
 #   2. bazel test //cc/...                  (the native core, no TensorFlow)
 #   3. bazel run //:build_pip_pkg -- DIR    (wheel with the Bazel-built .so)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU verification kit for tf_glp's layer concurrency (issue 5), for a machine
+# GPU verification kit for tf_glp's layer concurrency, for a machine
 # with nvcc and an NVIDIA driver but no TensorFlow:
 #   1. builds the framework-agnostic core (cc/core) with the host compiler and
 #      the CUDA backend (cc/cuda/*.cu) plus cc/tests/cuda_lanes_test.cu with

@@ -1,0 +1,159 @@
+"""Where the fixed cost per training step goes: TensorFlow's profiler trace of
+a model too small to compute anything, under plain Keras, MirroredStrategy
+and tf_glp.Strategy.
+
+    python benchmarks/step_trace.py                  # prints the breakdown
+    python benchmarks/step_trace.py --write-results  # and RESULTS.md
+
+Model: Dense 64 -> 32 -> 10, global batch 64, Adam (its step time is the
+fixed cost). For each way, after a warm-up fit, STEPS steps run under
+`tf.profiler.experimental` and the host plane of the trace is read
+(XPlane): every op TensorFlow ran, with its duration. Ops are grouped by
+what they do (the input pipeline, the forward and backward pass, the
+merge and the reductions, the optimizer update, the metrics and logs, the
+function calls and tf.distribute's bookkeeping); per step: how many ran and
+their summed duration. The summed duration is not the step time (the
+executor runs independent ops in parallel, and the time between ops is
+dispatch): the step time, measured outside the profiler in interleaved
+rounds, is reported beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import glob
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+
+from results_file import write_section
+from strategies import step_clock_class
+
+STEPS = 20
+ROUNDS = 7
+WAYS = ["plain Keras", "tf_glp.Strategy()", "Mirrored 1 device", "tf_glp 1 replica", "Mirrored 2 devices",
+        "tf_glp host 2 replicas", "tf_glp replicas 2 replicas"]
+# (group, pattern on "name:type"), first match wins.
+GROUPS = [
+    ("input", re.compile(r"Iterator|Optional|IteratorGetNext|RemoteCall", re.I)),
+    ("merge and reductions", re.compile(r"Collective|GlpHostReduce|AddN|NcclAllReduce|_Send|_Recv|Concat", re.I)),
+    ("optimizer update", re.compile(r"adam|ResourceApply|GlpHost|GlpFused|iteration|learning_rate", re.I)),
+    ("metrics and logs", re.compile(r"metric|mean|total|count|DivNoNan|loss_tracker", re.I)),
+    ("function calls", re.compile(r"PartitionedCall|FunctionRun|_Retval|_Arg|NoOp|Identity", re.I)),
+    ("forward and backward", re.compile(r".")),
+]
+
+
+def _makers(tf, tf_glp):
+    return {
+        "plain Keras": tf.distribute.get_strategy,
+        "tf_glp.Strategy()": tf_glp.Strategy,
+        "Mirrored 1 device": lambda: tf.distribute.MirroredStrategy(["/cpu:0"]),
+        "tf_glp 1 replica": lambda: tf_glp.Strategy(cpu_replicas=1),
+        "Mirrored 2 devices": lambda: tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]),
+        "tf_glp host 2 replicas": lambda: tf_glp.Strategy(cpu_replicas=2),
+        "tf_glp replicas 2 replicas": lambda: tf_glp.Strategy(cpu_replicas=2, update="replicas"),
+    }
+
+
+def _op_events(logdir: str):
+    """(name, duration in µs) of every TensorFlow op event on the host plane."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: PLC0415
+
+    space = xplane_pb2.XSpace()
+    with open(sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True))[-1], "rb") as f:
+        space.ParseFromString(f.read())
+    for plane in space.planes:
+        if plane.name != "/host:CPU":
+            continue
+        for line in plane.lines:
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                if ":" in name and not name.startswith(("Python", "$")):  # TensorFlow ops are "name:type"
+                    yield name, event.duration_ps / 1e6
+
+
+def _group(name: str) -> str:
+    return next(group for group, pattern in GROUPS if pattern.search(name))
+
+
+def measure() -> dict:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+
+    import tf_glp  # noqa: PLC0415
+
+    tf_glp.strategy.cpu_replica_devices(2)
+    rng = np.random.default_rng(0)
+    x, y = rng.random((64 * 64, 64), dtype=np.float32), rng.integers(0, 10, 64 * 64)
+    makers = _makers(tf, tf_glp)
+    models, results = {}, {}
+    for way in WAYS:
+        with makers[way]().scope():
+            model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                                      keras.layers.Dense(10)])
+            model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=64, steps_per_epoch=4, epochs=1, verbose=0)
+        models[way] = model
+        with tempfile.TemporaryDirectory() as logdir:
+            tf.profiler.experimental.start(logdir)
+            model.fit(x, y, batch_size=64, steps_per_epoch=STEPS, epochs=1, verbose=0)
+            tf.profiler.experimental.stop()
+            counts, micros = collections.Counter(), collections.Counter()
+            for name, duration in _op_events(logdir):
+                group = _group(name)
+                counts[group] += 1
+                micros[group] += duration
+        results[way] = {"ops": {g: counts[g] / STEPS for g, _ in GROUPS},
+                        "us": {g: micros[g] / STEPS for g, _ in GROUPS}}
+    StepClock = step_clock_class(keras)  # noqa: N806
+    times = {way: [] for way in WAYS}
+    for index in range(ROUNDS):
+        for way in WAYS[index % len(WAYS):] + WAYS[:index % len(WAYS)]:
+            clock = StepClock()
+            models[way].fit(x, y, batch_size=64, steps_per_epoch=17, epochs=1, verbose=0, callbacks=[clock])
+            times[way].append(1e3 * (clock.ends[-1] - clock.ends[0]) / 16)
+    for way in WAYS:
+        results[way]["ms"] = {"fastest": min(times[way]), "median": statistics.median(times[way])}
+    return results
+
+
+def table(results: dict) -> list[str]:
+    groups = [g for g, _ in GROUPS]
+    rows = ["| way | step ms, fastest (median) | ops per step | " + " | ".join(groups) + " |",
+            "|---" * (len(groups) + 3) + "|"]
+    for way, r in results.items():
+        rows.append(f"| {way} | {r['ms']['fastest']:.2f} ({r['ms']['median']:.2f}) | "
+                    f"{sum(r['ops'].values()):.0f} | " + " | ".join(
+                        f"{r['ops'][g]:.0f} ops, {r['us'][g]:.0f} µs" for g in groups) + " |")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--write-results", action="store_true")
+    args = parser.parse_args()
+    start = time.time()
+    rows = table(measure())
+    elapsed = time.time() - start
+    print("\n".join(rows))
+    if args.write_results:
+        text = [f"Date {datetime.date.today().isoformat()}; machine: {platform.machine()}, {os.cpu_count()} cores, "
+                f"no GPU. Command: `python benchmarks/step_trace.py --write-results` ({elapsed:.0f} s). Dense 64 -> "
+                f"32 -> 10, batch 64, Adam; per step, from TensorFlow's profiler over {STEPS} steps: ops run and "
+                f"their summed durations by group; the step time from {ROUNDS} interleaved rounds outside the "
+                f"profiler.", "", *rows]
+        write_section("Where the fixed cost per step goes", "\n".join(text))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
