@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from results_file import append_section
+from results_file import write_section
 from strategies import _models, step_clock_class
 
 PAIRS = 3
@@ -132,14 +132,15 @@ def main() -> None:
     if args.write_results:
         commit = subprocess.run(["git", "-C", before, "rev-parse", "--short", "HEAD"], stdout=subprocess.PIPE,
                                 text=True).stdout.strip() or before
-        text = [f"## tf_glp.Strategy(update={args.update!r}) against commit {commit} — "
-                f"{datetime.date.today().isoformat()}", "",
+        subject = (f"tf_glp.Strategy(update={args.update!r}) against commit {commit}, "
+                   f"{args.replicas} replicas, {args.model}")
+        text = [f"Date: {datetime.date.today().isoformat()}. "
                 f"Machine: {platform.machine()}, {os.cpu_count()} cores. Command: `python benchmarks/against_commit.py "
                 f"--before <worktree of {commit}> --replicas {args.replicas} --model {args.model} --update "
                 f"{args.update}` ({elapsed:.0f} s): alternating processes, each with plain Keras and tf_glp in "
                 f"{ROUNDS} interleaved rounds of {ROUND_STEPS} steps (steps/s).", "", *lines, "",
                 *[f"- {v}" for v in verdict], ""]
-        append_section("\n".join(text))
+        write_section(subject, "\n".join(text))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What chunking="auto" costs a user, against chunking="none".
 
     python benchmarks/auto_chunking.py                  # 2 and 4 replicas
-    python benchmarks/auto_chunking.py --write-results  # and append to RESULTS.md
+    python benchmarks/auto_chunking.py --write-results  # and write its section of RESULTS.md
 
 From a fresh model and a fresh tf_glp.Strategy each time, times the whole of
 `fit(epochs=3)` (tracing and the chunking decision included), its first
@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from results_file import append_section
+from results_file import write_section
 from strategies import _models, step_clock_class
 
 EPOCHS = 3
@@ -112,14 +112,14 @@ def main() -> None:
     print("\n\n".join(explains))
     print(f"benchmark took {elapsed:.0f} s")
     if args.write_results:
-        text = [f"## chunking=\"auto\" against \"none\" — {datetime.date.today().isoformat()}", "",
+        text = [f"Date: {datetime.date.today().isoformat()}. "
                 f"Machine: {platform.machine()}, {os.cpu_count()} cores; logical CPU devices share them. Command: "
                 f"`python benchmarks/auto_chunking.py --write-results` ({elapsed:.0f} s). Fresh model and strategy "
                 f"per run, medians of {ROUNDS} interleaved runs; fit(epochs={EPOCHS}) with {STEPS_PER_EPOCH} steps "
                 "per epoch of a repeated tf.data.Dataset, global batch 64 per replica, Adam, timed from the call to "
                 "its last step; the first epoch includes tracing and the decision.", "",
                 *rows, "", "What explain() said (MLP):", "", "```", *"\n\n".join(explains).splitlines(), "```", ""]
-        append_section("\n".join(text))
+        write_section('chunking="auto" against "none"', "\n".join(text))
 
 
 if __name__ == "__main__":

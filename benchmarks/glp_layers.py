@@ -14,8 +14,8 @@ and the ratios "k best / k1" (speed-up from lanes) and "native / GLP best"
 
 Usage:
     python benchmarks/glp_layers.py [--reps N] [--results benchmarks/RESULTS.md]
-With --results the table is appended to that file as a dated section
-"## GLP layers — DATE"; older sections are kept.
+With --results the table replaces the section "## GLP layers" of that file
+(git keeps the history; the date is in the section).
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_glp  # noqa: E402
-from results_file import append_section  # noqa: E402
+from results_file import write_section  # noqa: E402
 from tf_glp import layers as glp_layers  # noqa: E402
 
-SECTION = "## GLP layers"
+SUBJECT = "GLP layers"
 LANES = (1, 2, 4)
 BATCHES = (8, 32, 128)
 
@@ -163,7 +163,7 @@ def main() -> None:
     print(f"\n{table}\n\n({elapsed:.0f} s)")
     if args.results:
         body = (
-            f"{SECTION} — {datetime.date.today().isoformat()}\n\n{info}\n\n"
+            f"{info}\n\n"
             "Command: `python benchmarks/glp_layers.py --results benchmarks/RESULTS.md` "
             f"({elapsed:.0f} s). Median ms per forward+backward step inside tf.function "
             "(weight gradients, plus the input gradient except for the first layer); "
@@ -177,7 +177,7 @@ def main() -> None:
             "GFLOP/s per core here), which loses most on layers with few input channels (im2col of 3 channels, "
             "GEMM depth 27).\n"
         )
-        append_section(body, args.results)
+        write_section(SUBJECT, body, args.results)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 TensorFlow, numpy, Keras and the machine's measured memory ceiling, in one run.
 
     python benchmarks/host_engine.py                  # print the tables
-    python benchmarks/host_engine.py --write-results  # and append to RESULTS.md
+    python benchmarks/host_engine.py --write-results  # and write its section of RESULTS.md
     python benchmarks/host_engine.py --shared-parameter  # a fused update whose parameter is shared
 
 Every timing is the best of several repeats (the machines are noisy), and
@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tf_glp  # noqa: E402
-from results_file import append_section  # noqa: E402
+from results_file import write_section  # noqa: E402
 from tf_glp.ops import FusedKerasUpdate, host_reduce  # noqa: E402
 
 MB = 1 << 20
@@ -222,7 +222,8 @@ def machine() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--write-results", action="store_true", help="append the tables to benchmarks/RESULTS.md")
+    parser.add_argument("--write-results", action="store_true",
+                        help="write the tables into their section of benchmarks/RESULTS.md")
     parser.add_argument("--shared-parameter", action="store_true",
                         help="only the fused update of a shared parameter buffer (on 4 logical CPUs)")
     args = parser.parse_args()
@@ -231,8 +232,8 @@ def main() -> None:
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
         rows = shared_parameter_table()
         if args.write_results:
-            append_section("\n".join([
-                f"## Fused update of a shared parameter buffer — {datetime.date.today().isoformat()}", "",
+            write_section("Fused update of a shared parameter buffer", "\n".join([
+                f"Date: {datetime.date.today().isoformat()}. "
                 f"Machine: {machine()}. Command: `python benchmarks/host_engine.py --shared-parameter "
                 f"--write-results`; 200 interleaved rounds.", "", *rows, ""]))
         return
@@ -255,8 +256,7 @@ def main() -> None:
     print(f"benchmark took {elapsed:.0f} s")
     if args.write_results:
         section = [
-            f"## Host engine — {datetime.date.today().isoformat()}",
-            "",
+            f"Date: {datetime.date.today().isoformat()}. "
             f"Machine: {machine()}. Command: `python benchmarks/host_engine.py --write-results` ({elapsed:.0f} s).",
             f"Measured ceiling: numpy copy of 128 MB (read + write), {single:.1f} GB/s on one thread, {multi:.1f} GB/s "
             f"on {os.cpu_count()} threads; the larger is used. GB/s count useful bytes (N inputs read + 1 output written); "
@@ -274,7 +274,7 @@ def main() -> None:
             *targets,
             "",
         ]
-        append_section("\n".join(section))
+        write_section("Host engine", "\n".join(section))
 
 
 if __name__ == "__main__":

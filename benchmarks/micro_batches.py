@@ -1,7 +1,7 @@
 """What tf_glp.Strategy(micro_batches=M) costs.
 
     python benchmarks/micro_batches.py                  # prints the table
-    python benchmarks/micro_batches.py --write-results  # and appends it to RESULTS.md
+    python benchmarks/micro_batches.py --write-results  # and writes its section of RESULTS.md
 
 The models of benchmarks/strategies.py (a small CNN on 32x32x3 images and a
 784-2048-2048-10 MLP), Adam, global batch 128 whatever the replica count,
@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from results_file import append_section
+from results_file import write_section
 from strategies import _models, step_clock_class
 
 FIRST_STEPS = 20
@@ -110,8 +110,8 @@ def main() -> None:
     print("\n".join(rows))
     elapsed = time.time() - start
     if args.write_results:
-        append_section("\n".join([
-            f"## micro_batches — {datetime.date.today().isoformat()}", "",
+        write_section("micro_batches", "\n".join([
+            f"Date: {datetime.date.today().isoformat()}. "
             f"Machine: {platform.machine()}, {os.cpu_count()} cores (logical CPU devices share them). Command: "
             f"`python benchmarks/micro_batches.py --write-results` ({elapsed:.0f} s). Global batch {GLOBAL_BATCH}, "
             f"Adam, update=\"host\". First epoch: build, compile, fit of {FIRST_STEPS} steps. Steady: {ROUNDS} "

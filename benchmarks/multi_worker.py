@@ -1,7 +1,7 @@
 """Multi-worker tf_glp.Strategy next to one process, on local workers.
 
     python benchmarks/multi_worker.py                  # print the table
-    python benchmarks/multi_worker.py --write-results  # and append to RESULTS.md
+    python benchmarks/multi_worker.py --write-results  # and write its section of RESULTS.md
 
 Trains the same MLP (784-1024-1024-10, Adam, global batch 256, synthetic
 data) in these configurations, each in its own processes:
@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 
-from results_file import append_section
+from results_file import write_section
 
 from tf_glp import launch
 
@@ -144,14 +144,14 @@ def main() -> None:
     print("\n".join(rows))
     print(f"benchmark took {elapsed:.0f} s")
     if args.write_results:
-        text = [f"## Multi-worker — {datetime.date.today().isoformat()}", "",
+        text = [f"Date: {datetime.date.today().isoformat()}. "
                 f"Machine: {platform.machine()}, {os.cpu_count()} cores, shared by all workers. Command: "
                 f"`python benchmarks/multi_worker.py --write-results` ({elapsed:.0f} s). MLP 784-1024-1024-10, "
                 f"Adam, global batch {GLOBAL_BATCH}, {STEPS_PER_EPOCH} steps per epoch; start-up = strategy "
                 f"creation (cluster), model build (broadcast), tracing and the first {STEPS_PER_EPOCH} steps; "
                 f"steady = the next "
                 f"{(EPOCHS - 1) * STEPS_PER_EPOCH} steps. Chief's clock.", "", *rows, ""]
-        append_section("\n".join(text))
+        write_section("Multi-worker", "\n".join(text))
 
 
 if __name__ == "__main__":

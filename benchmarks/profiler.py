@@ -1,7 +1,7 @@
 """What the start-up profiler costs and what its plan gives.
 
     python benchmarks/profiler.py                  # prints the tables
-    python benchmarks/profiler.py --write-results  # and appends them to RESULTS.md
+    python benchmarks/profiler.py --write-results  # and writes their sections of RESULTS.md
     python benchmarks/profiler.py --parts wide determinism   # only some parts
 
 Parts "layers" (1-3 below), "wide" and "determinism" (4):
@@ -38,7 +38,7 @@ import tempfile
 import time
 
 import profiler_wide_mlp
-from results_file import append_section
+from results_file import write_section
 
 COST_ROUNDS = 7
 QUICKSTART_EPOCHS = 8  # as examples/quickstart.py trains
@@ -69,8 +69,8 @@ def main() -> None:
         print("\n".join(table + [""] + verdicts))
         elapsed = time.time() - started
         if args.write_results:
-            append_section("\n".join([
-                f"## Start-up profiler on a wide MLP — {datetime.date.today().isoformat()}", "",
+            write_section("Start-up profiler on a wide MLP", "\n".join([
+                f"Date: {datetime.date.today().isoformat()}. "
                 f"Machine: {platform.machine()}, {os.cpu_count()} cores, one CPU device, no strategy. Command: "
                 f"`python benchmarks/profiler.py --write-results --parts {' '.join(args.parts)}` ({elapsed:.0f} s). "
                 f"Wide MLP 1024-4096-4096-10, batch 32. First epoch: build, compile, fit of "
@@ -265,7 +265,7 @@ def layer_parts(args) -> None:
     for name, plan in plans.items():
         print(f"{name} plan:\n{tf_glp.plan.table(plan)}")
     if args.write_results:
-        text = [f"## Start-up profiler — {datetime.date.today().isoformat()}", "",
+        text = [f"Date: {datetime.date.today().isoformat()}. "
                 f"Machine: {platform.machine()}, {os.cpu_count()} cores. Command: "
                 f"`python benchmarks/profiler.py --write-results`. Medians of interleaved rounds ({COST_ROUNDS} for the "
                 f"cost, {GAIN_ROUNDS} for the gain).", "",
@@ -277,7 +277,7 @@ def layer_parts(args) -> None:
                 f"Alone vs in the step: each profiled layer forced to each lane count the profiler timed (the "
                 f"other layers native), steady step against plain Keras (one device, 60 steps, medians of "
                 f"{STEP_ROUNDS} interleaved rounds):", "", *step_rows, ""]
-        append_section("\n".join(text))
+        write_section("Start-up profiler", "\n".join(text))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
 """Writing benchmarks/RESULTS.md: one section per subject. `write_section`
-replaces the section of the same subject (git keeps the history);
-`append_section` adds a dated section after the others."""
+replaces the section of the same subject (git keeps the history)."""
 
 from __future__ import annotations
 
@@ -12,13 +11,6 @@ RESULTS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS
 
 def _existing(path: str) -> str:
     return open(path).read() if os.path.exists(path) else "# Benchmark results\n"
-
-
-def append_section(text: str, path: str = RESULTS_PATH) -> None:
-    existing = _existing(path)
-    with open(path, "w") as f:
-        f.write(existing.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n")
-    print(f"appended to {path}")
 
 
 def write_section(subject: str, body: str, path: str = RESULTS_PATH) -> None:

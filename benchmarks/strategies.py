@@ -1,7 +1,7 @@
 """Distributed-training strategies side by side on logical CPU devices.
 
     python benchmarks/strategies.py                  # 2 and 4 replicas
-    python benchmarks/strategies.py --write-results  # and append to RESULTS.md
+    python benchmarks/strategies.py --write-results  # and write its section of RESULTS.md
 
 Trains the same models (a small CNN on 32x32x3 images, and a 784-2048-2048-10
 MLP), global batch 64 per replica, Adam, under: plain Keras (no strategy) and
@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 
-from results_file import append_section
+from results_file import write_section
 
 FIRST_STEPS = 20
 ROUNDS = 7
@@ -197,14 +197,14 @@ def main() -> None:
     elapsed = time.time() - start
     print(f"benchmark took {elapsed:.0f} s")
     if args.write_results:
-        text = [f"## Strategies — {datetime.date.today().isoformat()}", "",
+        text = [f"Date: {datetime.date.today().isoformat()}. "
                 f"Machine: {platform.machine()}, {os.cpu_count()} cores; logical CPU devices share them. "
                 f"Command: `python benchmarks/strategies.py --write-results` ({elapsed:.0f} s). Global batch 64 "
                 f"per replica, Adam. First epoch: build, compile and a fit of {FIRST_STEPS} steps (wall clock). "
                 f"Steady: {ROUNDS} interleaved rounds of {ROUND_STEPS} steps per strategy, steps/s.", "",
                 *sections, *verdicts, "",
                 "tf_glp's chunking search (MLP):", "", "```", *"\n\n".join(explains).splitlines(), "```", ""]
-        append_section("\n".join(text))
+        write_section("Strategies", "\n".join(text))
 
 
 if __name__ == "__main__":
