@@ -12,10 +12,11 @@ fixed cost). For each way, after a warm-up fit, STEPS steps run under
 what they do (the input pipeline, the forward and backward pass, the
 merge and the reductions, the optimizer update, the metrics and logs, the
 function calls and tf.distribute's bookkeeping); per step: how many ran and
-their summed duration. The summed duration is not the step time (the
-executor runs independent ops in parallel, and the time between ops is
-dispatch): the step time, measured outside the profiler in interleaved
-rounds, is reported beside it.
+their summed self time (an event's duration less the events nested in it).
+The summed time is not the step time (the executor runs independent ops on
+several threads, an iterator op's time is mostly waiting for the input
+pipeline's own threads, and the time between ops is dispatch): the step
+time, measured outside the profiler in interleaved rounds, is beside it.
 """
 
 from __future__ import annotations
@@ -39,15 +40,17 @@ STEPS = 20
 ROUNDS = 7
 WAYS = ["plain Keras", "tf_glp.Strategy()", "Mirrored 1 device", "tf_glp 1 replica", "Mirrored 2 devices",
         "tf_glp host 2 replicas", "tf_glp replicas 2 replicas"]
-# (group, pattern on "name:type"), first match wins.
+# (group, pattern on the op's type, pattern on its name), first match wins;
+# the name without the function-call prefixes it runs under.
 GROUPS = [
-    ("input", re.compile(r"Iterator|Optional|IteratorGetNext|RemoteCall", re.I)),
-    ("merge and reductions", re.compile(r"Collective|GlpHostReduce|AddN|NcclAllReduce|_Send|_Recv|Concat", re.I)),
-    ("optimizer update", re.compile(r"adam|ResourceApply|GlpHost|GlpFused|iteration|learning_rate", re.I)),
-    ("metrics and logs", re.compile(r"metric|mean|total|count|DivNoNan|loss_tracker", re.I)),
-    ("function calls", re.compile(r"PartitionedCall|FunctionRun|_Retval|_Arg|NoOp|Identity", re.I)),
-    ("forward and backward", re.compile(r".")),
+    ("function calls", re.compile(r"PartitionedCall|_Arg|_Retval|NoOp|Identity(N)?$"), None),
+    ("input", re.compile(r"Iterator|Optional"), None),
+    ("merge and reductions", re.compile(r"Collective|GlpHostReduce|AddN|Nccl|_Send|_Recv|Concat"), None),
+    ("optimizer update", re.compile(r"^Glp.*(Apply|Update)|ResourceApply"), re.compile(r"(^|/)adam(_\d+)?/", re.I)),
+    ("metrics and logs", re.compile(r"DivNoNan"), re.compile(r"metric|(^|/)(mean|total|count)", re.I)),
+    ("forward and backward", re.compile(r"."), None),
 ]
+_CALL_PREFIX = re.compile(r"^((Stateful)?PartitionedCall(_\d+)?/)+")
 
 
 def _makers(tf, tf_glp):
@@ -63,7 +66,10 @@ def _makers(tf, tf_glp):
 
 
 def _op_events(logdir: str):
-    """(name, duration in µs) of every TensorFlow op event on the host plane."""
+    """(name, self time in µs) of every TensorFlow op event on the host
+    plane: its duration less that of the events nested in it on the same
+    thread (a function call contains its ops; counting both would count
+    the ops twice)."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: PLC0415
 
     space = xplane_pb2.XSpace()
@@ -73,14 +79,30 @@ def _op_events(logdir: str):
         if plane.name != "/host:CPU":
             continue
         for line in plane.lines:
-            for event in line.events:
+            events = sorted(line.events, key=lambda e: (e.offset_ps, -e.duration_ps))
+            own = [e.duration_ps for e in events]
+            stack: list[int] = []  # indices of the events that contain the current one
+            for index, event in enumerate(events):
+                while stack and events[stack[-1]].offset_ps + events[stack[-1]].duration_ps <= event.offset_ps:
+                    stack.pop()
+                if stack:
+                    own[stack[-1]] -= event.duration_ps
+                stack.append(index)
+            for event, self_ps in zip(events, own):
                 name = plane.event_metadata[event.metadata_id].name
-                if ":" in name and not name.startswith(("Python", "$")):  # TensorFlow ops are "name:type"
-                    yield name, event.duration_ps / 1e6
+                if _OP_EVENT.fullmatch(name):  # not the executor's or tf.data's own scopes ("A::B")
+                    yield name, max(0, self_ps) / 1e6
 
 
-def _group(name: str) -> str:
-    return next(group for group, pattern in GROUPS if pattern.search(name))
+# A TensorFlow op's event is named "op name:OpType".
+_OP_EVENT = re.compile(r"[^:]+:[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _group(event_name: str) -> str:
+    name, op_type = event_name.rsplit(":", 1)
+    name = _CALL_PREFIX.sub("", name)
+    return next(group for group, by_type, by_name in GROUPS
+                if by_type.search(op_type) or (by_name is not None and by_name.search(name)))
 
 
 def measure() -> dict:
@@ -112,8 +134,8 @@ def measure() -> dict:
                 group = _group(name)
                 counts[group] += 1
                 micros[group] += duration
-        results[way] = {"ops": {g: counts[g] / STEPS for g, _ in GROUPS},
-                        "us": {g: micros[g] / STEPS for g, _ in GROUPS}}
+        results[way] = {"ops": {g: counts[g] / STEPS for g, _, _ in GROUPS},
+                        "us": {g: micros[g] / STEPS for g, _, _ in GROUPS}}
     StepClock = step_clock_class(keras)  # noqa: N806
     times = {way: [] for way in WAYS}
     for index in range(ROUNDS):
@@ -127,7 +149,7 @@ def measure() -> dict:
 
 
 def table(results: dict) -> list[str]:
-    groups = [g for g, _ in GROUPS]
+    groups = [g for g, _, _ in GROUPS]
     rows = ["| way | step ms, fastest (median) | ops per step | " + " | ".join(groups) + " |",
             "|---" * (len(groups) + 3) + "|"]
     for way, r in results.items():
