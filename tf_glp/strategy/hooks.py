@@ -25,22 +25,25 @@ tf_glp.Strategy:
   a strategy as the start-up profiler chose it,
   tf_glp.profiling.optimizer_step, or under a one-device tf_glp.Strategy,
   one_device.py).
-
-A one-device tf_glp.Strategy (no GPUs, no replicas asked for) takes none
-of the multi-replica paths: Keras' own step runs, as without a strategy,
-with only the fused update where it measured faster.
 - TFOptimizer._apply_weight_decay: skipped when the fused update applies it.
-- Trainer.compile: jit_compile="auto" becomes False (the host ops run
-  outside XLA); jit_compile=True is refused with a clear message. (Patched
+- Trainer.compile: with replicas, jit_compile="auto" becomes False (the
+  host ops run outside XLA) and jit_compile=True is refused with a clear
+  message; on one device compile is Keras' own. (Patched
   on Keras' Trainer itself: Keras treats a Model whose compile differs from
   Trainer.compile as custom and then skips compile when loading it.)
 - TensorFlowTrainer.train_step, Keras' (un)scale_loss_for_distribution,
   SeedGenerator.next and BatchNormalization._moments: a micro-batched step
   (micro_batches.py), only under micro_batches=M.
 - TensorFlowTrainer.fit: refuses a global batch that does not divide by the
-  replica count (or, with micro_batches, by M), decides chunking="auto" (chunking_decision.py), and puts
-  tf_glp's BackupAndRestore in place of a plain Keras one (chief-only
-  writes across workers, batch-level resume; callbacks/backup_and_restore.py).
+  replica count (or, with micro_batches, by M), decides chunking="auto"
+  (chunking_decision.py), puts tf_glp's BackupAndRestore in place of a plain
+  Keras one (chief-only writes across workers, batch-level resume;
+  callbacks/backup_and_restore.py), and on one device adds the optimizer
+  step's decision (one_device.py).
+
+A one-device tf_glp.Strategy (no GPUs, no replicas asked for) takes none
+of the multi-replica paths: Keras' own step runs, as without a strategy,
+with only the fused update where it measured faster.
 
 They are installed once, when the first tf_glp.Strategy is created, after
 _keras_compat.require_internals() has checked that the installed Keras still

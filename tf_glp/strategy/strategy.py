@@ -47,6 +47,7 @@ from tf_glp.strategy import chunking as chunking_lib
 from tf_glp.strategy import cost_model, devices as devices_lib, hooks, multi_worker
 from tf_glp.strategy import micro_batches as micro_batches_lib
 from tf_glp.strategy import one_device
+from tf_glp.strategy.settings import Settings
 from tf_glp.strategy.cross_device_ops import (
     HostCrossDeviceOps,
     byte_sizes,
@@ -57,7 +58,6 @@ from tf_glp.strategy.cross_device_ops import (
 )
 from tf_glp.strategy.host_copies import HostMirroredExtended
 
-_UPDATES = ("host", "replicas")
 _MirroredStrategy = tf.distribute.MirroredStrategy  # as imported (a test replaces the public name)
 HOST_DEVICE = "/cpu:0"
 
@@ -126,45 +126,53 @@ class Strategy(tf.distribute.Strategy):
 
     def __new__(cls, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None,
                 cluster_resolver=None, micro_batches=None):
+        # A concrete class constructed directly (HostStrategy(...)) implies its update.
+        update = cls._update_mode or update
+        settings = Settings(devices, update, chunking, compression, cpu_replicas, cluster_resolver, micro_batches)
         if cls is Strategy:
-            if update not in _UPDATES:
-                raise ValueError(f"update must be 'host' or 'replicas', got {update!r}")
             if multi_worker.resolve_cluster(cluster_resolver) is not None:
                 cls = MultiWorkerHostStrategy if update == "host" else MultiWorkerReplicaStrategy
             elif micro_batches is None and devices_lib.trains_on_one_device(devices, cpu_replicas):
                 cls = SingleDeviceStrategy
             else:
                 cls = HostStrategy if update == "host" else ReplicaStrategy
-        return object.__new__(cls)
+        strategy = object.__new__(cls)
+        strategy.settings = settings
+        return strategy
 
     # Mark tf_glp strategies, and the one-device one, for hooks.py (which
     # must not import this module).
     _is_tf_glp_strategy = True
     _is_one_device = False
+    _update_mode: str | None = None
 
-    def _glp_setup(self, devices, update, chunking, compression, cpu_replicas, micro_batches=None,
-                   workers: int = 1) -> list[str]:
-        # Each setting is validated and kept by its owner: the chunk plan and
-        # the host reductions (which compress).
-        chunking_state = chunking_lib.Chunking(chunking)
-        host_ops = HostCrossDeviceOps(HOST_DEVICE, compression, chunking_state.plan)
+    def _glp_setup(self, devices: list[str] | None = None, workers: int = 1) -> list[str]:
+        """Sets up what every tf_glp strategy holds, from self.settings;
+        returns the devices (`devices` when given, else the settings' or
+        the default ones)."""
+        settings = self.settings
+        # Each owned setting is validated and kept by its owner: the chunk
+        # plan and the host reductions (which compress).
+        chunking_state = chunking_lib.Chunking(settings.chunking)
+        host_ops = HostCrossDeviceOps(HOST_DEVICE, settings.compression, chunking_state.plan)
         if devices is None:
-            devices = devices_lib.default_devices(cpu_replicas)
-        elif cpu_replicas is not None:
-            raise ValueError("pass either devices or cpu_replicas, not both")
-        devices = list(devices)
-        if not devices:
-            raise ValueError("devices must not be empty")
-        self.update = update
-        self.micro_batches = micro_batches_lib.check_setting(micro_batches, len(devices), workers)
-        if self.micro_batches and compression:
-            raise ValueError(f"tf_glp.Strategy: micro_batches={micro_batches} sums the micro-batches' gradients in "
-                             f"float32 as they are; compression={compression!r} cannot apply to them: pass one")
+            devices = (list(settings.devices) if settings.devices is not None
+                       else devices_lib.default_devices(settings.cpu_replicas))
+        self.micro_batches = micro_batches_lib.check_setting(settings.micro_batches, len(devices), workers)
+        if self.micro_batches and settings.compression:
+            raise ValueError(f"tf_glp.Strategy: micro_batches={settings.micro_batches} sums the micro-batches' "
+                             f"gradients in float32 as they are; compression={settings.compression!r} cannot apply "
+                             f"to them: pass one")
         self.chunking_state = chunking_state
         self._host_ops = host_ops
         self._rates: cost_model.HostRates | None = None
         hooks.install()
         return devices
+
+    @property
+    def update(self) -> str:
+        """"host" or "replicas" (see the class docstring)."""
+        return self.settings.update
 
     @property
     def chunking(self):
@@ -199,8 +207,7 @@ class Strategy(tf.distribute.Strategy):
         where = f"{len(self.extended.worker_devices)} replicas"
         if _keras_compat.in_multi_worker_mode(self):
             where += f" x {self.extended.num_workers} workers"
-        lines = [f"tf_glp.Strategy(update={self.update!r}, chunking={self.chunking!r}, "
-                 f"compression={self.compression!r}) on {where}"]
+        lines = [f"tf_glp.Strategy({self.settings.describe()}) on {where}"]
         if not self.chunking_state.decided and not self.chunking_state.trials:
             lines.append(f"  chunks in use: {self.chunking_state.in_use()} (chunking='auto' decides at the start "
                          f"of the first fit)")
@@ -422,12 +429,11 @@ class SingleDeviceStrategy(Strategy, tf.distribute.OneDeviceStrategy):
 
     _is_one_device = True
 
-    def __init__(self, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None,
-                 cluster_resolver=None, micro_batches=None):
-        self._glp_setup([HOST_DEVICE], update, chunking, compression, None)
-        if compression:
-            warnings.warn(f"tf_glp.Strategy: compression={compression!r} has nothing to compress on one device (no "
-                          f"gradient crosses to the host); pass cpu_replicas=N to train N replicas.", stacklevel=3)
+    def __init__(self, *args, **kwargs):  # Strategy's arguments, kept in self.settings by Strategy.__new__
+        self._glp_setup([HOST_DEVICE])
+        if self.compression:
+            warnings.warn(f"tf_glp.Strategy: compression={self.compression!r} has nothing to compress on one device "
+                          f"(no gradient crosses to the host); pass cpu_replicas=N to train N replicas.", stacklevel=3)
         self._optimizer_step = one_device.OptimizerStepChoice(self)
         tf.distribute.Strategy.__init__(self, one_device.OneDeviceExtended(self, HOST_DEVICE))
 
@@ -442,27 +448,29 @@ class SingleDeviceStrategy(Strategy, tf.distribute.OneDeviceStrategy):
     def explain(self) -> str:
         """Why one device, and which optimizer step runs (with its timings)."""
         return "\n".join([
-            f"tf_glp.Strategy(update={self.update!r}) on one device ({HOST_DEVICE}): no GPUs, so it trains as plain "
-            f"Keras does; logical CPU replicas would share these cores and only add tf.distribute's fixed cost per "
-            f"step (cpu_replicas=N trains N replicas, to try multi-replica code)",
+            f"tf_glp.Strategy({self.settings.describe()}) on one device ({HOST_DEVICE}): no GPUs, so it trains as "
+            f"plain Keras does; logical CPU replicas would share these cores and only add tf.distribute's fixed "
+            f"cost per step (cpu_replicas=N trains N replicas, to try multi-replica code)",
             self._optimizer_step.explain_line()])
 
 
 class HostStrategy(_HostUpdate, Strategy, tf.distribute.MirroredStrategy):
     """tf_glp.Strategy with update="host" (see Strategy)."""
 
-    def __init__(self, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None,
-                 cluster_resolver=None, micro_batches=None):
-        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas, micro_batches)
+    _update_mode = "host"
+
+    def __init__(self, *args, **kwargs):  # Strategy's arguments, kept in self.settings by Strategy.__new__
+        devices = self._glp_setup()
         tf.distribute.Strategy.__init__(self, HostMirroredExtended(self, devices, self._host_ops, HOST_DEVICE))
 
 
 class ReplicaStrategy(Strategy, tf.distribute.MirroredStrategy):
     """tf_glp.Strategy with update="replicas" (see Strategy)."""
 
-    def __init__(self, devices=None, *, update: str = "replicas", chunking="auto", compression=None, cpu_replicas=None,
-                 cluster_resolver=None, micro_batches=None):
-        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas, micro_batches)
+    _update_mode = "replicas"
+
+    def __init__(self, *args, **kwargs):  # Strategy's arguments, kept in self.settings by Strategy.__new__
+        devices = self._glp_setup()
         _MirroredStrategy.__init__(self, devices=devices, cross_device_ops=self._host_ops)
 
 
@@ -497,12 +505,11 @@ class MultiWorkerReplicaStrategy(_MultiWorkerKerasFixes, Strategy, tf.distribute
     must have the same number."""
 
     _extended_class = multi_worker.CollectiveHostExtended
+    _update_mode = "replicas"
 
-    def __init__(self, devices=None, *, update: str = "replicas", chunking="auto", compression=None, cpu_replicas=None,
-                 cluster_resolver=None, micro_batches=None):
-        resolver = multi_worker.resolve_cluster(cluster_resolver)
-        devices = self._glp_setup(devices, update, chunking, compression, cpu_replicas, micro_batches,
-                                  workers=multi_worker.worker_count(resolver))
+    def __init__(self, *args, **kwargs):  # Strategy's arguments, kept in self.settings by Strategy.__new__
+        resolver = multi_worker.resolve_cluster(self.settings.cluster_resolver)
+        devices = self._glp_setup(workers=multi_worker.worker_count(resolver))
         tf.distribute.Strategy.__init__(self, self._extended_class(self, resolver, devices, self._host_ops))
 
 
@@ -512,11 +519,7 @@ class MultiWorkerHostStrategy(_HostUpdate, MultiWorkerReplicaStrategy):
     update from the cross-worker sums to its host copies."""
 
     _extended_class = multi_worker.MultiWorkerHostExtended
-
-    def __init__(self, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None,
-                 cluster_resolver=None, micro_batches=None):
-        super().__init__(devices, update=update, chunking=chunking, compression=compression,
-                         cpu_replicas=cpu_replicas, cluster_resolver=cluster_resolver, micro_batches=micro_batches)
+    _update_mode = "host"
 
 
 def _measure_host_rates(uses_gpus: bool) -> cost_model.HostRates:
