@@ -144,9 +144,6 @@ def run(reps_override: int | None) -> str:
     return header + "\n" + "\n".join(rows)
 
 
-
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=None, help="timed steps per measurement (default: by size)")

@@ -168,10 +168,6 @@ def adam_slots(optimizer, index: int):
     return optimizer._momentums[index], optimizer._velocities[index]  # noqa: SLF001
 
 
-
-
-
-
 def built_variables(optimizer) -> list:
     """The trainable variables the optimizer was built with, as a list
     (Keras keeps whatever sequence `build` received: a tuple when the user
@@ -191,12 +187,6 @@ def built_variables(optimizer) -> list:
 def apply_weight_decay_to_copy(optimizer, variables) -> None:
     """Keras' backend-neutral weight decay: plain assigns on these variables."""
     keras_class("keras.src.optimizers.base_optimizer", "BaseOptimizer")._apply_weight_decay(optimizer, variables)  # noqa: SLF001
-
-
-
-
-
-
 
 
 def creating_optimizer_variable() -> bool:
@@ -292,8 +282,6 @@ def dataset_batch_size(dataset) -> int | None:
         return int(size) if size is not None else None
     except TypeError:
         return None
-
-
 
 
 def op_determinism_enabled() -> bool:
