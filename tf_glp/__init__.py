@@ -1,10 +1,21 @@
 """tf_glp: faster Keras 3 / TensorFlow training without changing what is learned.
 
-- `tf_glp.ops`: host-engine ops (host_reduce, fused host optimizer updates),
-  native C++ with pure-TensorFlow fallbacks.
-- `tf_glp.native_available()`: which implementation is in use, and why.
-- `tf_glp.callbacks.ConcurrencyProfiler`, `tf_glp.profile`, `tf_glp.plan`:
-  the start-up profiler and its per-layer concurrency plan.
+Three parts:
+- `tf_glp.Strategy`: a tf.distribute.Strategy for data parallelism in which
+  the host CPUs sum the replicas' gradients and apply the optimizer once,
+  chunk by chunk (CPU-assisted data parallelism); without GPUs it trains on
+  one device through plain Keras' path, with the fused optimizer update
+  where that measures faster.
+- `tf_glp.layers` with `tf_glp.callbacks.ConcurrencyProfiler` (also
+  `tf_glp.profile`, `tf_glp.plan`): a layer's independent work over a pool
+  of lanes (CUDA streams or CPU threads), the lanes per layer chosen by a
+  start-up profiler and kept in a plan file (GLP4NN).
+- `python -m tf_glp.bench compare`: the same model trained under each
+  distributed-training concept, throughput, scaling and loss side by side.
+
+Underneath: `tf_glp.ops`, the host-engine and concurrent ops (native C++
+with pure-TensorFlow fallbacks), and `tf_glp.native_available()`, which
+implementation is in use, and why.
 
 `import tf_glp` is cheap: TensorFlow and the native library are loaded on
 first use of a submodule that needs them.

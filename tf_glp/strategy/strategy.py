@@ -484,9 +484,9 @@ class _MultiWorkerKerasFixes:
           sample_weight)` batch as one value ("Attempt to convert a value
           (PerReplica...)"): a nested value is reduced leaf by leaf.
         - `reduce_per_replica` reduces scalar logs with `axis=0` ("Invalid
-          reduction dimension 0 for input with 0 dimensions", tensorflow
-          issue 72388): a scalar has no axis to reduce along, so its mean
-          over the replicas is taken.
+          reduction dimension 0 for input with 0 dimensions",
+          tensorflow/tensorflow#72388): a scalar has no axis to reduce
+          along, so its mean over the replicas is taken.
         """
         if isinstance(value, (tuple, list, dict)):
             return tf.nest.map_structure(lambda leaf: self.reduce(reduce_op, leaf, axis), value)
