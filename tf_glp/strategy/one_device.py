@@ -3,8 +3,9 @@ without GPUs (unless replicas are asked for).
 
 Logical CPU replicas share the same cores: they add no compute, only the
 fixed cost of a distributed step (the distributed iterator, the merge, the
-reductions of the logs: a few milliseconds per step on this project's CPU
-machines, benchmarks/RESULTS.md). So without GPUs tf_glp trains on one
+reductions of the logs, a second replica's ops on the same cores: 1-2 ms
+per step over plain Keras on a tiny model on this project's 2-core machine,
+benchmarks/RESULTS.md). So without GPUs tf_glp trains on one
 device through the path plain Keras takes, with one change where it pays:
 the optimizer step runs through tf_glp's fused native update
 (tf_glp.ops.FusedKerasUpdate: SGD, momentum, Adam, AdamW on float32
