@@ -215,9 +215,9 @@ class Strategy(tf.distribute.Strategy):
             lines.extend(self.chunking_state.explain_lines())
         if not self.uses_gpus():
             lines.append(f"  cost: {len(self.extended.worker_devices)} logical CPU replicas share the host's cores, so "
-                         f"they add no compute, only tf.distribute's fixed cost per step (a few ms here, "
-                         f"benchmarks/RESULTS.md); tf_glp.Strategy() without devices or cpu_replicas trains on one "
-                         f"device")
+                         f"they add no compute, only tf.distribute's fixed cost per step (1-2 ms on a tiny model "
+                         f"on a 2-core machine, benchmarks/RESULTS.md); tf_glp.Strategy() without devices or "
+                         f"cpu_replicas trains on one device")
         return "\n".join(lines)
 
     def _reducing_gradients(self):
