@@ -66,7 +66,7 @@ class OptimizerStepChoice:
         fused = self.record["choice"] == "fused"
         if fused == bool(getattr(optimizer, FUSED_FLAG, False)):
             return False
-        setattr(optimizer, FUSED_FLAG, fused)
+        optimizer_step.use_fused_update(optimizer, fused)  # as the start-up profiler sets it
         return True
 
     def explain_line(self) -> str:
