@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 
+from child_process import child_setup, print_result, run_child
 from results_file import write_section
 from strategies import _models, step_clock_class
 
@@ -38,15 +37,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CHECKOUT = os.path.dirname(HERE)
 
 
-def run_child(replicas: int, model_name: str, update: str) -> dict:
+def interleaved_rounds(replicas: int, model_name: str, update: str) -> dict:
     """Plain Keras and tf_glp.Strategy(update=...) in interleaved rounds (child process)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    child_setup(logical_cpus=replicas)
     import keras
     import numpy as np
     import tensorflow as tf
 
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
     import tf_glp
 
     StepClock = step_clock_class(keras)  # noqa: N806
@@ -93,7 +90,7 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_child(args.replicas, args.model, args.update)))
+        print_result(interleaved_rounds(args.replicas, args.model, args.update))
         return
     if not args.before:
         parser.error("--before DIR is required")
@@ -106,10 +103,8 @@ def main() -> None:
     for pair in range(PAIRS):
         for label, tree in (("before", before), ("after", CHECKOUT)):
             env = dict(os.environ, PYTHONPATH=tree)
-            out = subprocess.run([sys.executable, __file__, "--child", "--replicas", str(args.replicas),
-                                  "--model", args.model, "--update", args.update],
-                                 env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
-            result = json.loads(out.strip().splitlines()[-1])
+            result = run_child(__file__, "--replicas", args.replicas, "--model", args.model, "--update", args.update,
+                               env=env)
             if not result["tf_glp_file"].startswith(tree):
                 raise RuntimeError(f"the {label} process imported tf_glp from {result['tf_glp_file']}, not {tree}")
             rows.append((f"{label} {pair + 1}", summary(result["rates"])))

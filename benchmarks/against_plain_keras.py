@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
+from child_process import child_setup, print_result, run_child
 from results_file import write_section
 from strategies import step_clock_class
 
@@ -87,7 +86,7 @@ def _model_and_data(name: str):
 
 def run_model(name: str) -> dict:
     """Measures every way on one model (child process)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    child_setup()
     import keras  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
@@ -176,14 +175,12 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_model(args.child)))
+        print_result(run_model(args.child))
         return
     start = time.time()
     all_results = {}
     for name in args.models:
-        out = subprocess.run([sys.executable, __file__, "--child", name], check=True, stdout=subprocess.PIPE,
-                             text=True).stdout
-        all_results[name] = json.loads(out.strip().splitlines()[-1])
+        all_results[name] = run_child(__file__, name)
     rows, lines = table(all_results), verdicts(all_results)
     explain = next(iter(all_results.values()))["explain"]
     elapsed = time.time() - start

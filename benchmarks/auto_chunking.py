@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
+from child_process import child_setup, print_result, run_child
 from results_file import write_section
 from strategies import _models, step_clock_class
 
@@ -34,13 +33,11 @@ ROUNDS = 4
 
 
 def run_replicas(replicas: int) -> dict:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    child_setup(logical_cpus=replicas)
     import keras
     import numpy as np
     import tensorflow as tf
 
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
     import tf_glp
 
     StepClock = step_clock_class(keras)  # noqa: N806
@@ -90,16 +87,14 @@ def main() -> None:
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_replicas(args.child)))
+        print_result(run_replicas(args.child))
         return
     start = time.time()
     rows = ["| replicas | model | fit(epochs=3) to its last step, auto / none (s) | ratio | first epoch auto / none (s) | ratio "
             "| steady step auto / none (ms) | ratio |", "|---|---|---|---|---|---|---|---|"]
     explains = []
     for replicas in args.replicas:
-        out = subprocess.run([sys.executable, __file__, "--child", str(replicas)], check=True,
-                             stdout=subprocess.PIPE, text=True).stdout
-        r = json.loads(out.strip().splitlines()[-1])
+        r = run_child(__file__, replicas)
         for model in ("MLP", "CNN"):
             cells = [f"| {replicas} | {model}"]
             for key, scale, fmt in (("total", 1, ".2f"), ("first_epoch", 1, ".2f"), ("steady_step", 1e3, ".1f")):

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
+from child_process import child_setup, print_result, run_child
 from results_file import write_section
 from strategies import _models, step_clock_class
 
@@ -44,13 +43,11 @@ def variants(replicas: int) -> dict:
 
 def run(replicas: int, model_name: str) -> dict:
     """One process: every variant on one model with `replicas` logical CPUs."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    child_setup(logical_cpus=replicas)
     import keras
     import numpy as np
     import tensorflow as tf
 
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
     import tf_glp
 
     StepClock = step_clock_class(keras)  # noqa: N806
@@ -91,16 +88,14 @@ def main() -> None:
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run(int(args.child[0]), args.child[1])))
+        print_result(run(int(args.child[0]), args.child[1]))
         return
     start = time.time()
     rows = ["| model | replicas | variant | first epoch (s) | steady steps/s, fastest | median (spread) | "
             "vs without micro_batches (fastest) |", "|---|---|---|---|---|---|---|"]
     for model in ("CNN", "MLP"):
         for replicas in (1, 2, 4):
-            out = subprocess.run([sys.executable, __file__, "--child", str(replicas), model], check=True,
-                                 stdout=subprocess.PIPE, text=True).stdout
-            results = json.loads(out.strip().splitlines()[-1])
+            results = run_child(__file__, replicas, model)
             base = results["without micro_batches|fastest"]
             for name in variants(replicas):
                 rows.append(f"| {model} | {replicas} | {name} | {results[f'{name}|first_epoch_s']:.2f} | "

@@ -29,13 +29,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import io
-import json
 import os
 import platform
 import subprocess
 import sys
 import time
 
+from child_process import child_setup, print_result, result_in
 from results_file import write_section
 
 from tf_glp import launch
@@ -58,7 +58,7 @@ CONFIGS = [
 
 def worker(concept: str) -> None:
     """One process of a configuration: trains and prints the chief's times."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    child_setup()
     import tensorflow as tf
 
     import tf_glp
@@ -95,7 +95,7 @@ def worker(concept: str) -> None:
     ends: list[float] = []
     model.fit(data, epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH, verbose=0, callbacks=[EpochClock()])
     steady = (EPOCHS - 1) * STEPS_PER_EPOCH / (ends[-1] - ends[0])
-    print("RESULT " + json.dumps({"startup_s": ends[0] - start, "steps_per_s": steady}), flush=True)
+    print_result({"startup_s": ends[0] - start, "steps_per_s": steady})
 
 
 def run(workers, replicas, concept) -> dict:
@@ -110,9 +110,9 @@ def run(workers, replicas, concept) -> dict:
         out = io.StringIO()
         status = launch.launch(workers, command, cpu_replicas=replicas, out=out, err=out, env=env)
         output = out.getvalue()
-    for line in output.splitlines():
-        if "RESULT " in line and (not workers or line.startswith("[worker 0]")):
-            return json.loads(line.split("RESULT ", 1)[1])
+    result = result_in(output, "[worker 0] " if workers else "")  # the chief's, as tf_glp.launch prefixes it
+    if result is not None:
+        return result
     errors = [line for line in output.splitlines() if "Error" in line and ":" in line]
     return {"error": (errors[-1] if errors else f"exit status {status}").split("] ", 1)[-1][:160]}
 

@@ -16,21 +16,21 @@ Each reported as the fastest round with the median and the spread (max -
 min, % of the median): this machine alternates between a fast and a ~1.7x
 slower phase lasting seconds, so only rounds close in time are compared.
 
-The determinism run is the same for Adam, in a child process that calls
+The determinism run is the same for Adam, in a child process (this file,
+`--child FIRST_ROUNDS STEADY_ROUNDS`) that calls
 tf.config.experimental.enable_op_determinism() first (it cannot be turned
 off again), and checks that two runs reusing the plan end bitwise equal.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
+from child_process import child_setup, print_result, run_child
 from strategies import step_clock_class
 
 FIRST_STEPS = 160  # one epoch of 5120 samples
@@ -119,13 +119,7 @@ def measure(optimizers=("Adam", "SGD"), first_rounds=FIRST_ROUNDS, steady_rounds
 
 def measure_under_determinism(first_rounds=2, steady_rounds=6) -> dict:
     """measure() for Adam in a child process with op determinism enabled."""
-    code = ("import json, sys, tensorflow as tf; tf.config.experimental.enable_op_determinism(); "
-            "sys.path.insert(0, sys.argv[1]); import profiler_wide_mlp as w; "
-            f"print('RESULT ' + json.dumps(w.measure(('Adam',), {first_rounds}, {steady_rounds}, True)))")
-    done = subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__))],
-                          capture_output=True, text=True, check=True)
-    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return run_child(__file__, first_rounds, steady_rounds)
 
 
 def rows(results: dict, label: str) -> list[str]:
@@ -162,3 +156,19 @@ def verdicts(results: dict, label: str) -> list[str]:
             line += f"; two runs reusing the plan {'bitwise equal' if result['repeats'] else 'DIFFER'}"
         out.append(line)
     return out
+
+
+def _determinism_child() -> None:
+    """The child of measure_under_determinism."""
+    parser = argparse.ArgumentParser(description="measure() for Adam with op determinism (a child process)")
+    parser.add_argument("--child", nargs=2, type=int, required=True, metavar=("FIRST_ROUNDS", "STEADY_ROUNDS"))
+    first_rounds, steady_rounds = parser.parse_args().child
+    child_setup()
+    import tensorflow as tf  # noqa: PLC0415
+
+    tf.config.experimental.enable_op_determinism()
+    print_result(measure(("Adam",), first_rounds, steady_rounds, check_repeats=True))
+
+
+if __name__ == "__main__":
+    _determinism_child()

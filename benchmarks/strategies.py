@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
+from child_process import child_setup, print_result, run_child
 from results_file import write_section
 
 FIRST_STEPS = 20
@@ -87,13 +86,11 @@ def _models(keras):
 
 def run_replicas(replicas: int, model_name: str) -> dict:
     """Measures every strategy on one model with `replicas` logical CPU devices (child process)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    child_setup(logical_cpus=replicas)
     import keras
     import numpy as np
     import tensorflow as tf
 
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
     import tf_glp
 
     StepClock = step_clock_class(keras)  # noqa: N806
@@ -177,16 +174,14 @@ def main() -> None:
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_replicas(int(args.child[0]), args.child[1])))
+        print_result(run_replicas(int(args.child[0]), args.child[1]))
         return
     start = time.time()
     sections, verdicts, explains = [], [], []
     for replicas in args.replicas:
         results = {}
         for model in ("CNN", "MLP"):
-            out = subprocess.run([sys.executable, __file__, "--child", str(replicas), model], check=True,
-                                 stdout=subprocess.PIPE, text=True).stdout
-            results.update(json.loads(out.strip().splitlines()[-1]))
+            results.update(run_child(__file__, replicas, model))
         rows, v = table(replicas, results)
         sections += rows + [""]
         verdicts += v

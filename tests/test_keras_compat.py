@@ -1,4 +1,4 @@
-"""The Keras / TensorFlow internals tf_glp relies on (tf_glp/_keras_compat.py)
+"""The Keras / TensorFlow internals tf_glp relies on (tf_glp/compat.py)
 exist in the installed versions and behave as it expects. A newer Keras that
 changes one fails here, by name, before anything trains wrongly."""
 
@@ -7,24 +7,24 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_glp import _keras_compat
+from tf_glp._keras import compat
 
 
 def test_installed_versions_are_those_written_for():
-    assert keras.__version__.startswith(_keras_compat.WRITTEN_FOR["keras"] + "."), keras.__version__
-    assert tf.__version__.startswith(_keras_compat.WRITTEN_FOR["tensorflow"] + "."), tf.__version__
+    assert keras.__version__.startswith(compat.WRITTEN_FOR["keras"] + "."), keras.__version__
+    assert tf.__version__.startswith(compat.WRITTEN_FOR["tensorflow"] + "."), tf.__version__
 
 
 def test_every_class_level_internal_exists():
-    assert _keras_compat.missing_internals() == []
-    _keras_compat.require_internals()
+    assert compat.missing_internals() == []
+    compat.require_internals()
 
 
 def test_missing_internals_are_named(monkeypatch):
-    monkeypatch.setitem(_keras_compat.INTERNALS, ("keras.src.trainers.trainer", "Trainer", "_gone"), "a test")
-    assert _keras_compat.missing_internals() == ["keras.src.trainers.trainer.Trainer._gone (a test)"]
+    monkeypatch.setitem(compat.INTERNALS, ("keras.src.trainers.trainer", "Trainer", "_gone"), "a test")
+    assert compat.missing_internals() == ["keras.src.trainers.trainer.Trainer._gone (a test)"]
     with pytest.raises(RuntimeError, match=r"written for Keras 3\.15 .* lack: .*Trainer\._gone"):
-        _keras_compat.require_internals()
+        compat.require_internals()
 
 
 def _built(optimizer, variables):
@@ -36,20 +36,20 @@ def test_optimizer_internals_on_real_optimizers():
     variables = [keras.Variable(np.ones((3, 2), np.float32), name="w"), keras.Variable(np.zeros(2, np.float32))]
     adam = _built(keras.optimizers.AdamW(use_ema=True, gradient_accumulation_steps=2), variables)
     for index, variable in enumerate(variables):
-        assert _keras_compat.variable_index(adam, variable) == index
-        first, second = _keras_compat.adam_slots(adam, index)
+        assert compat.variable_index(adam, variable) == index
+        first, second = compat.adam_slots(adam, index)
         assert first.shape == second.shape == variable.shape
-    assert _keras_compat.built_variables(adam) == variables
+    assert compat.built_variables(adam) == variables
     # Built from a tuple (as `apply_gradients(zip(...))` builds it), inside a
     # wrapper: still a list, the inner optimizer's variables included.
     wrapped = _built(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), tuple(variables))
-    assert _keras_compat.built_variables(wrapped) == variables
-    assert _keras_compat.uses_weight_decay(adam, variables[0])
+    assert compat.built_variables(wrapped) == variables
+    assert compat.uses_weight_decay(adam, variables[0])
     adam.exclude_from_weight_decay(var_names=["w"])
-    assert not _keras_compat.uses_weight_decay(adam, variables[0])
+    assert not compat.uses_weight_decay(adam, variables[0])
     variable = keras.Variable(np.full(2, 4.0, np.float32))
     sgd = _built(keras.optimizers.SGD(0.1, weight_decay=0.5), [variable])
-    _keras_compat.apply_weight_decay_to_copy(sgd, [variable])
+    compat.apply_weight_decay_to_copy(sgd, [variable])
     np.testing.assert_allclose(variable.numpy(), 4.0 - 4.0 * 0.5 * 0.1)
 
 
@@ -61,7 +61,7 @@ def test_optimizer_variables_are_told_apart_by_the_name_scope():
     seen = []
 
     def creator(next_creator, **kwargs):
-        seen.append((kwargs.get("name"), _keras_compat.creating_optimizer_variable()))
+        seen.append((kwargs.get("name"), compat.creating_optimizer_variable()))
         return next_creator(**kwargs)
 
     with tf.variable_creator_scope(creator):
@@ -78,19 +78,19 @@ def test_optimizer_variables_are_told_apart_by_the_name_scope():
 
 def test_a_keras_variable_can_point_at_another_tf_variable():
     variable = keras.Variable(np.ones(2, np.float32))
-    inner = _keras_compat.keras_variable_value(variable)
+    inner = compat.keras_variable_value(variable)
     other = tf.Variable(np.zeros(2, np.float32))
-    _keras_compat.set_keras_variable_value(variable, other)
+    compat.set_keras_variable_value(variable, other)
     variable.assign([3.0, 4.0])
     np.testing.assert_array_equal(other.numpy(), [3.0, 4.0])
     np.testing.assert_array_equal(inner.numpy(), [1.0, 1.0])
-    assert _keras_compat.keras_variable_value(other) is other  # a tf.Variable as it is
+    assert compat.keras_variable_value(other) is other  # a tf.Variable as it is
 
 
 def test_dataset_batch_size():
     data = tf.data.Dataset.from_tensor_slices(np.zeros((10, 3), np.float32))
-    assert _keras_compat.dataset_batch_size(data.batch(4, drop_remainder=True)) == 4
-    assert _keras_compat.dataset_batch_size(data.batch(4)) == 4  # partial last batch: from BatchDataset
+    assert compat.dataset_batch_size(data.batch(4, drop_remainder=True)) == 4
+    assert compat.dataset_batch_size(data.batch(4)) == 4  # partial last batch: from BatchDataset
 
 
 def test_layer_internals_that_twins_share():
@@ -103,9 +103,9 @@ def test_layer_internals_that_twins_share():
 def test_trainer_and_layer_internals_of_micro_batches():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dropout(0.5, name="drop"), keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss="mse")
-    assert _keras_compat.call_has_training_arg(model) is True
-    assert isinstance(_keras_compat.loss_tracker(model), keras.metrics.Mean)
-    assert "drop" in [layer.name for layer in _keras_compat.all_layers(model)]
+    assert compat.call_has_training_arg(model) is True
+    assert isinstance(compat.loss_tracker(model), keras.metrics.Mean)
+    assert "drop" in [layer.name for layer in compat.all_layers(model)]
     x, y = np.ones((2, 4), np.float32), np.zeros((2, 2), np.float32)
-    loss = _keras_compat.compute_loss(model, x, y, model(x), None)
+    loss = compat.compute_loss(model, x, y, model(x), None)
     assert loss.shape == ()

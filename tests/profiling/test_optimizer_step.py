@@ -1,14 +1,14 @@
 """The optimizer step chosen at start-up (tf_glp/profiling/optimizer_step.py):
-the choice rule, the fused step bitwise equal to Keras' own (arithmetic
-optimizer off, as the host-engine tests), the plan entry and its reuse, and
-Keras' update kept where the fused one does not apply."""
+the choice rule, the fused step bitwise equal to Keras' own (Grappler's
+arithmetic and dependency optimizers off: conftest.exact_arithmetic), also
+where gradients are rounding noise around zero, the plan entry and its
+reuse, and Keras' update kept where the fused one does not apply."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import tf_glp
 from tf_glp.profiling import plan as plan_lib
 from tf_glp.callbacks import ConcurrencyProfiler
 from tf_glp.profiling import choice, optimizer_step
@@ -44,6 +44,46 @@ OPTIMIZERS = {
 }
 
 
+def _conv_bias_before_batch_norm():
+    """Conv biases in front of BatchNormalization: their true gradient is
+    zero, what reaches the optimizer is rounding noise, which Adam turns
+    into steps of up to +-lr (what made ResNet50V2 differ, README)."""
+    return keras.Sequential([keras.Input((8, 8, 3)), L.Conv2D(8, 3, padding="same"), L.BatchNormalization(),
+                             L.ReLU(), L.Conv2D(8, 3, padding="same"), L.BatchNormalization(), L.ReLU(),
+                             L.GlobalAveragePooling2D(), L.Dense(3)])
+
+
+def _fit_conv(optimizer, callbacks):
+    rng = np.random.default_rng(1)
+    x, y = rng.random((64, 8, 8, 3), dtype=np.float32), rng.integers(0, 3, 64)
+    keras.utils.set_random_seed(5)
+    model = _conv_bias_before_batch_norm()
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    loss = model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False, callbacks=callbacks).history["loss"]
+    return model, loss, (x, y)
+
+
+def test_fused_adam_is_bitwise_keras_on_near_zero_gradients(exact_arithmetic, monkeypatch, fused_calls):
+    reference, reference_loss, (x, y) = _fit_conv(keras.optimizers.Adam(1e-2), [])
+    monkeypatch.setattr(optimizer_step, "choose", lambda native, fused: ("fused", "forced by the test"))
+    monkeypatch.setattr(choice, "choose", lambda candidates: (None, "forced by the test"))
+    model, loss, _ = _fit_conv(keras.optimizers.Adam(1e-2),
+                               [ConcurrencyProfiler(trials=1, plan_path=None, verbose=0, batch_size=16)])
+    assert fused_calls and loss == reference_loss
+    for a, b in zip(model.weights + model.optimizer.variables, reference.weights + reference.optimizer.variables,
+                    strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=b.path)
+    # The case is the one meant: the biases in front of BatchNormalization
+    # get gradients that are noise next to their kernels'.
+    with tf.GradientTape() as tape:
+        logits = reference(x[:16], training=True)
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y[:16], logits)
+    convs = [layer for layer in reference.layers if isinstance(layer, L.Conv2D)]
+    grads = tape.gradient(loss, [[conv.bias, conv.kernel] for conv in convs])
+    for conv, (bias, kernel) in zip(convs, grads):
+        assert np.abs(bias.numpy()).max() < 1e-5 * np.abs(kernel.numpy()).max(), conv.name
+
+
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_fused_choice_trains_bitwise_like_keras(name, exact_arithmetic, monkeypatch, tmp_path, fused_calls):
     reference, reference_loss = _train(OPTIMIZERS[name], [])
@@ -76,7 +116,7 @@ def test_a_matching_plan_is_reused_without_timing(monkeypatch, tmp_path):
     callback = ConcurrencyProfiler(trials=1, plan_path=path, verbose=0, batch_size=32)
     model, _ = _train(OPTIMIZERS["adam"], [callback], epochs=1)
     assert callback.reused
-    assert bool(getattr(model.optimizer, optimizer_step.FUSED_FLAG, False)) == (stored["choice"] == "fused")
+    assert optimizer_step.uses_fused_update(model.optimizer) == (stored["choice"] == "fused")
 
 
 @pytest.mark.parametrize("case", ["rmsprop", "strategy", "float64", "off"])
@@ -93,7 +133,7 @@ def test_keras_update_stays_where_the_fused_one_does_not_apply(case, monkeypatch
     else:
         model, loss = _train(optimizer, [callback], epochs=1)
     assert np.all(np.isfinite(loss))
-    assert not fused_calls and not getattr(model.optimizer, optimizer_step.FUSED_FLAG, False)
+    assert not fused_calls and not optimizer_step.uses_fused_update(model.optimizer)
     ok, why = optimizer_step.eligible(model)
     if case != "off":
         assert not ok and why

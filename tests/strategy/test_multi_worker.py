@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from tf_glp import launch
-from tf_glp.strategy import multi_worker
+from tf_glp.strategy import cluster
 
 JOB = str(Path(__file__).with_name("multi_worker_job.py"))
 
@@ -283,4 +283,4 @@ def test_malformed_tf_config_is_named(monkeypatch, text, message):
 def test_cluster_timeout_must_be_positive(monkeypatch):
     monkeypatch.setenv("TF_GLP_CLUSTER_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="TF_GLP_CLUSTER_TIMEOUT must be a number of seconds > 0, got 'soon'"):
-        multi_worker.cluster_timeout_s()
+        cluster.cluster_timeout_s()

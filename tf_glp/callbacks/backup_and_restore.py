@@ -37,7 +37,7 @@ import tempfile
 import keras
 import numpy as np
 
-from tf_glp import _keras_compat
+from tf_glp._keras import compat
 
 _METADATA = "training_metadata.json"
 
@@ -72,22 +72,22 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     # -- who writes ----------------------------------------------------------
     def _writes_backup_dir(self) -> bool:
         strategy = self.model.distribute_strategy
-        return not _keras_compat.in_multi_worker_mode(strategy) or strategy.extended.should_checkpoint
+        return not compat.in_multi_worker_mode(strategy) or strategy.extended.should_checkpoint
 
     # -- restore -------------------------------------------------------------
-    def on_train_begin(self, logs=None):
-        self._load_model()
+    def on_train_begin(self, logs=None):  # Keras' own restores here, through its _load_model
+        self._restore()
 
-    def _load_model(self):
+    def _restore(self):
         metadata_path = os.path.join(self.backup_dir, _METADATA)
         metadata = None
         if os.path.exists(metadata_path):
             with open(metadata_path) as f:
                 metadata = json.load(f)
         if metadata is None or "weights" not in metadata:
-            return super()._load_model()  # nothing saved, or a backup written by Keras' own callback
+            return compat.load_keras_backup(self)  # nothing saved, or a backup written by Keras' own callback
         if not self.model.built:
-            return super()._load_model()  # Keras' error for an unbuilt model
+            return compat.load_keras_backup(self)  # Keras' error for an unbuilt model
         if self.model.optimizer is not None and not self.model.optimizer.built:
             self.model.optimizer.build(self.model.trainable_variables)
         self.model.load_weights(os.path.join(self.backup_dir, metadata["weights"]))
@@ -105,7 +105,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                              f"same model?")
         for variable, value in pairs:
             variable.assign(np.asarray(value, dtype=variable.dtype))
-        _keras_compat.set_initial_epoch(self.model, metadata["epoch"])
+        compat.set_initial_epoch(self.model, metadata["epoch"])
         self._batches_to_skip = int(metadata.get("batches_done", 0))
         return None
 
@@ -155,7 +155,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             self.model.save_weights(partial, overwrite=True)
             os.replace(partial, os.path.join(folder, name))
             _write_atomically(os.path.join(folder, _METADATA),
-                              {"epoch": self._epoch, "batch": _keras_compat.last_batch_seen(self),
+                              {"epoch": self._epoch, "batch": compat.last_batch_seen(self),
                                "batches_done": self._batches_done, "weights": name,
                                "state_not_in_weights": [{"path": v.path, "value": np.asarray(v.numpy()).tolist()}
                                                         for v in _state_not_in_weights(self.model)]})

@@ -45,7 +45,8 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
             tf.distribute strategy, on the CPU, for SGD / Adam / AdamW):
             Keras' update or tf_glp's fused native one, whichever measures
             faster on the model's shapes; both compute the same numbers
-            (tf_glp.profiling.optimizer_step). Recorded in the plan.
+            from the same gradients (tf_glp.profiling.optimizer_step).
+            Recorded in the plan. Default True.
 
     Example:
         >>> model.fit(x, y, batch_size=64,
@@ -150,7 +151,7 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
                 if self.plan_path and self._writes:
                     plan_lib.write(self.plan, self.plan_path)
         fused = self._step["choice"] == "fused"
-        if fused == bool(getattr(optimizer, optimizer_step.FUSED_FLAG, False)):
+        if fused == optimizer_step.uses_fused_update(optimizer):
             return False
         optimizer_step.use_fused_update(optimizer, fused)
         return True

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 import keras
 import tensorflow as tf
 
+from tf_glp._keras import compat
 from tf_glp.ops.concurrent import check_concurrency, concurrent_conv2d, concurrent_matmul
 
 __all__ = ["Conv2D", "Dense", "as_glp_layer", "convert", "is_eligible", "strip", "why_not_eligible"]
@@ -31,8 +32,23 @@ def _checked(concurrency: int | None, layer: str) -> int | None:
     return None if concurrency is None else check_concurrency(concurrency, layer)
 
 
+class _Lanes:
+    """What tf_glp's Conv2D and Dense share: the `concurrency` argument,
+    checked, kept in the config, and no XLA with a lane count."""
+
+    def __init__(self, *args, concurrency: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.concurrency = _checked(concurrency, f"tf_glp.layers.{type(self).__name__}")
+        self.supports_jit = self.concurrency is None  # Note [Not in XLA]
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config["concurrency"] = self.concurrency
+        return config
+
+
 @keras.saving.register_keras_serializable(package="tf_glp")
-class Conv2D(keras.layers.Conv2D):
+class Conv2D(_Lanes, keras.layers.Conv2D):
     """keras.layers.Conv2D whose convolution runs over `concurrency` lanes.
 
     Args:
@@ -47,11 +63,6 @@ class Conv2D(keras.layers.Conv2D):
         >>> layer(tf.zeros([8, 32, 32, 3])).shape
         TensorShape([8, 32, 32, 32])
     """
-
-    def __init__(self, *args, concurrency: int | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.concurrency = _checked(concurrency, "tf_glp.layers.Conv2D")
-        self.supports_jit = self.concurrency is None  # Note [Not in XLA]
 
     def _runs_concurrently(self, inputs) -> bool:
         return (
@@ -74,14 +85,9 @@ class Conv2D(keras.layers.Conv2D):
             concurrency=self.concurrency,
         )
 
-    def get_config(self) -> dict:
-        config = super().get_config()
-        config["concurrency"] = self.concurrency
-        return config
-
 
 @keras.saving.register_keras_serializable(package="tf_glp")
-class Dense(keras.layers.Dense):
+class Dense(_Lanes, keras.layers.Dense):
     """keras.layers.Dense whose matrix product runs over `concurrency` lanes.
 
     Args:
@@ -96,11 +102,6 @@ class Dense(keras.layers.Dense):
         >>> layer(tf.zeros([32, 128])).shape
         TensorShape([32, 10])
     """
-
-    def __init__(self, *args, concurrency: int | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.concurrency = _checked(concurrency, "tf_glp.layers.Dense")
-        self.supports_jit = self.concurrency is None  # Note [Not in XLA]
 
     def _runs_concurrently(self, inputs) -> bool:
         return (
@@ -127,11 +128,6 @@ class Dense(keras.layers.Dense):
         if self.activation is not None:
             x = self.activation(x)
         return x
-
-    def get_config(self) -> dict:
-        config = super().get_config()
-        config["concurrency"] = self.concurrency
-        return config
 
 
 _DTYPES = ("float32", "float16", "bfloat16")
@@ -220,11 +216,9 @@ def _sharing_variables(layer: keras.layers.Layer, twin: keras.layers.Layer) -> k
     if layer.built:
         # Share, not copy: the twin trains the original's variables. Setting
         # them as attributes tracks them in the same order as build() would.
-        twin._kernel = layer._kernel
+        compat.share_kernel(twin, layer)
         twin.bias = layer.bias
         twin.input_spec = layer.input_spec
-        if hasattr(layer, "_build_shapes_dict"):
-            twin._build_shapes_dict = layer._build_shapes_dict
         twin.built = True
     return twin
 

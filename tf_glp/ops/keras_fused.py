@@ -16,25 +16,32 @@ from collections.abc import Sequence
 import keras
 import tensorflow as tf
 
-from tf_glp import _keras_compat
+from tf_glp._keras import compat
 from tf_glp.ops.host_optimizers import host_apply_adam, host_apply_momentum, host_apply_sgd
 
 _FUSED_TYPES = (keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.AdamW)
-# Set on an optimizer whose step on one device was measured faster fused
-# (tf_glp.profiling.optimizer_step, a one-device tf_glp.Strategy): its
-# `_backend_update_step` then runs FusedKerasUpdate (tf_glp.strategy.hooks).
-FUSED_FLAG = "_tf_glp_fused_update"
+# The optimizer options with which Keras changes the gradients before its
+# update step (clipping, accumulation, scaling).
+GRADIENT_OPTIONS = ("clipnorm", "clipvalue", "global_clipnorm", "gradient_accumulation_steps", "loss_scale_factor")
 
 
-def supports_fused_update(optimizer: keras.optimizers.Optimizer, *, update_step_only: bool = False) -> tuple[bool, str]:
+def changes_gradients(optimizer: keras.optimizers.Optimizer) -> str | None:
+    """The first of GRADIENT_OPTIONS set on `optimizer`, or None."""
+    return next((name for name in GRADIENT_OPTIONS if getattr(optimizer, name, None) is not None), None)
+
+
+def supports_fused_update(optimizer: keras.optimizers.Optimizer, variables=None, *,
+                          update_step_only: bool = False) -> tuple[bool, str]:
     """Says whether `optimizer` can run through the fused host ops, and why not.
 
     Args:
         optimizer: The Keras optimizer.
+        variables: The variables it would update (default None: not
+            checked); the fused ops update float32 variables only.
         update_step_only: True when the fused ops replace only Keras'
             `_backend_update_step` (as tf_glp.Strategy does): Keras then still
             clips, unscales, accumulates and keeps the EMA itself, so those
-            options do not prevent fusing.
+            options do not prevent fusing. Default False.
 
     Returns:
         (True, "") or (False, reason). Other optimizers and features still work
@@ -50,11 +57,13 @@ def supports_fused_update(optimizer: keras.optimizers.Optimizer, *, update_step_
         return False, f"{kind.__name__} has no fused host update (SGD, Adam and AdamW do)"
     if getattr(optimizer, "amsgrad", False):
         return False, "amsgrad=True has no fused host update"
+    if variables is not None and any(v.dtype != "float32" for v in variables):
+        return False, "not every trainable variable is float32"
     if update_step_only:
         return True, ""
-    for name in ("clipnorm", "clipvalue", "global_clipnorm", "gradient_accumulation_steps", "loss_scale_factor"):
-        if getattr(optimizer, name, None) is not None:
-            return False, f"{name} is set"
+    option = changes_gradients(optimizer)
+    if option is not None:
+        return False, f"{option} is set"
     if getattr(optimizer, "use_ema", False):
         return False, "use_ema=True"
     return True, ""
@@ -112,13 +121,13 @@ class FusedKerasUpdate:
             if not self.update_step_only and getattr(variable, "constraint", None) is not None:
                 # (With update_step_only, Keras' own apply constrains afterwards.)
                 raise ValueError(f"FusedKerasUpdate: variable {variable.path} has a constraint; use the optimizer's own update")
-            index = _keras_compat.variable_index(opt, variable)
-            decay = opt.weight_decay if _keras_compat.uses_weight_decay(opt, variable) else None
+            index = compat.variable_index(opt, variable)
+            decay = opt.weight_decay if compat.uses_weight_decay(opt, variable) else None
             # A Keras variable's tf.Variable; a plain tf.Variable as it is
             # (its `.value` is a method).
             target = variable.value if isinstance(variable, keras.Variable) else variable
             if isinstance(opt, keras.optimizers.Adam):  # AdamW too
-                first_moment, second_moment = _keras_compat.adam_slots(opt, index)
+                first_moment, second_moment = compat.adam_slots(opt, index)
                 host_apply_adam(
                     target, first_moment.value, second_moment.value, grads,
                     alpha, 1 - opt.beta_1, 1 - opt.beta_2, opt.epsilon,
@@ -131,3 +140,12 @@ class FusedKerasUpdate:
                 host_apply_sgd(target, grads, lr, weight_decay=decay, decay_learning_rate=lr)
         if increment_iterations:
             opt.iterations.assign_add(1)
+
+
+def fused_update_step(optimizer: keras.optimizers.Optimizer, grads: Sequence, variables: Sequence) -> None:
+    """Keras' `_backend_update_step` for one device, fused: what runs in its
+    place where the fused update measured faster (tf_glp.profiling.
+    optimizer_step, a one-device tf_glp.Strategy; installed by
+    tf_glp._keras.patches.set_fused_update)."""
+    FusedKerasUpdate(optimizer, update_step_only=True).apply(
+        [[g] for g in grads], variables, increment_iterations=False)

@@ -3,11 +3,13 @@ native one (SGD, momentum, Adam, AdamW), measured on the model's variable
 shapes before the first step, for a model trained without a tf.distribute
 strategy on the CPU.
 
-Both compute the same numbers (FusedKerasUpdate follows Keras' float32
-operations), so the choice only changes the speed. The fused update runs
+From the same gradients both compute the same numbers (FusedKerasUpdate
+follows Keras' float32 operations), so the choice changes the speed, and
+the gradients only by what Grappler's rewriting of a different graph
+changes in their rounding (README, "The optimizer step too"). The fused update runs
 inside Keras' own `apply` (clipping, EMA, constraints and the step counter
-stay Keras'), through the `_backend_update_step` hook of
-tf_glp.strategy.hooks; `use_fused_update` turns it on for one optimizer.
+stay Keras'), through the `_backend_update_step` patch of
+tf_glp/_keras/patches.py; `use_fused_update` turns it on for one optimizer.
 
 Timing: a copy of the optimizer (from its config) on scratch variables of
 the model's shapes, at most MAX_TIMED_PARAMETERS of them (the model and its
@@ -25,9 +27,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_glp import _keras_compat
+from tf_glp._keras import compat, patches
 from tf_glp.ops import supports_fused_update
-from tf_glp.ops.keras_fused import FUSED_FLAG
+from tf_glp.ops.keras_fused import fused_update_step
 
 # The timed step updates at most this many parameters: the cost per
 # parameter is what decides, and a copy of a huge model's state would cost
@@ -50,17 +52,15 @@ def eligible(model: keras.Model, one_device_strategy=None) -> tuple[bool, str]:
         return False, "the model has no optimizer"
     under = model.distribute_strategy
     if under is not one_device_strategy and (
-            tf.distribute.has_strategy() or not _keras_compat.is_default_strategy(under)):
+            tf.distribute.has_strategy() or not compat.is_default_strategy(under)):
         return False, "under a tf.distribute strategy (tf_glp.Strategy fuses the host update itself)"
     if getattr(model, "jit_compile", False) is True:
         return False, "XLA compiles the step (jit_compile=True): the fused ops cannot run inside XLA"
     if tf.config.list_logical_devices("GPU"):
         return False, "a GPU holds the variables"
-    ok, why = supports_fused_update(optimizer, update_step_only=True)
+    ok, why = supports_fused_update(optimizer, model.trainable_variables, update_step_only=True)
     if not ok:
         return False, why
-    if any(v.dtype != "float32" for v in model.trainable_variables):
-        return False, "not every trainable variable is float32"
     if not model.trainable_variables:
         return False, "no trainable variables"
     return True, ""
@@ -69,10 +69,12 @@ def eligible(model: keras.Model, one_device_strategy=None) -> tuple[bool, str]:
 def use_fused_update(optimizer, fused: bool = True) -> None:
     """Runs `optimizer`'s update through the fused native ops (outside any
     tf.distribute strategy), from the next traced step on."""
-    from tf_glp.strategy import hooks  # noqa: PLC0415 (installs Keras hooks)
+    patches.set_fused_update(optimizer, fused_update_step if fused else None)
 
-    hooks.install()
-    setattr(optimizer, FUSED_FLAG, bool(fused))
+
+def uses_fused_update(optimizer) -> bool:
+    """Whether `optimizer`'s update runs through the fused native ops."""
+    return patches.fused_update_of(optimizer) is not None
 
 
 def _timed_shapes(variables) -> list[tuple[int, ...]]:
@@ -96,9 +98,7 @@ def _timed_shapes(variables) -> list[tuple[int, ...]]:
 def time_updates(optimizer, variables, trials: int = 5) -> tuple[list[float], list[float]]:
     """Seconds of one step of Keras' update and of the fused one, per trial,
     on scratch variables of these variables' shapes."""
-    from tf_glp.strategy import hooks  # noqa: PLC0415
-
-    hooks.install()
+    patches.install()
     rng = np.random.default_rng(0)  # local: the global generators stay untouched
     shapes = _timed_shapes(variables)
     scratch = [keras.Variable(rng.random(shape, dtype=np.float32) - 0.5, name=f"scratch_{i}")
@@ -110,7 +110,7 @@ def time_updates(optimizer, variables, trials: int = 5) -> tuple[list[float], li
     def step_function(fused: bool):
         @tf.function(autograph=False)
         def step():
-            setattr(copy, FUSED_FLAG, fused)  # read while tracing
+            patches.set_fused_update(copy, fused_update_step if fused else None)  # read while tracing
             copy.apply(grads, scratch)
             return tf.reshape(scratch[0].value, [-1])[0]
         return step
@@ -123,7 +123,7 @@ def time_updates(optimizer, variables, trials: int = 5) -> tuple[list[float], li
             steps[name]().numpy()
             if index:
                 times[name].append(time.perf_counter() - start)
-    setattr(copy, FUSED_FLAG, False)
+    patches.set_fused_update(copy, None)
     return times["native"], times["fused"]
 
 

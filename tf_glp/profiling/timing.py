@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_glp import _keras_compat
+from tf_glp._keras import compat
 from tf_glp.ops.concurrent import concurrent_conv2d, concurrent_matmul
 from tf_glp.profiling import device_facts
 
@@ -123,7 +123,7 @@ def time_layers(jobs: Sequence[tuple[keras.layers.Layer, Sequence[int], str, Seq
 
     rounds = []
     with without_graph_optimizer():
-        if _keras_compat.op_determinism_enabled():
+        if compat.op_determinism_enabled():
             rounds = _rounds_timed_on_the_host(timed, trials, progress)
         else:
             for _ in range(WARMUP + trials):

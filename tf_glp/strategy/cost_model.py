@@ -14,13 +14,15 @@ stays exposed for sure, and every chunk adds a fixed synchronisation cost:
 Before the compute time is known the backward pass is assumed long enough to
 hide everything (hidden = host (c - 1) / c). chunking_decision.py measures
 the one-chunk step, calibrates compute from it and takes the best c under
-the calibrated model. Pure Python, testable without TensorFlow.
+the calibrated model. Pure Python, testable without TensorFlow (only
+measure_host_rates, which times the host engine, imports it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,3 +116,33 @@ def gradient_workload(sizes: list[int], replicas: int, bytes_per_element: int = 
     """The workload of variables with `sizes` elements each."""
     total = int(sum(sizes))
     return Workload(gradient_bytes=bytes_per_element * total, parameters=total, replicas=replicas)
+
+
+def measure_host_rates(host_device: str, uses_gpus: bool) -> HostRates:
+    """Times the host engine on this machine (about 0.2 s)."""
+    import tensorflow as tf  # noqa: PLC0415 (the model itself stays pure Python)
+
+    from tf_glp.ops import host_reduce  # noqa: PLC0415
+
+    elements = 4 << 20
+    with tf.device(host_device):
+        inputs = [tf.random.stateless_uniform([elements], seed=[i, 0]) for i in range(2)]
+        small = [tf.zeros([16]) for _ in range(2)]
+
+        def best(fn, repeats=5):
+            fn()
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+            return min(times)
+
+        reduce_s = best(lambda: host_reduce(inputs).numpy())
+        overhead_s = best(lambda: host_reduce(small).numpy(), repeats=20)
+    reduce_bw = 3 * elements * 4 / reduce_s
+    # A fused Adam update moves 28 bytes per parameter, a 2-way reduce 12 per
+    # element: scale the measured reduce rate accordingly.
+    update_rate = reduce_bw / 28
+    transfer = 12e9 if uses_gpus else math.inf  # PCIe 3 x16 effective; shared memory on CPUs
+    return HostRates(transfer, reduce_bw, update_rate, overhead_s)

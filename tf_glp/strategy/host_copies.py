@@ -46,11 +46,8 @@ import contextlib
 import threading
 
 import tensorflow as tf
-from tensorflow.python.distribute import distribute_utils, mirrored_strategy
-from tensorflow.python.distribute import values as values_lib
-from tensorflow.python.util import nest
 
-from tf_glp import _keras_compat
+from tf_glp._keras import compat
 
 
 def _same_device(a: str, b: str) -> bool:
@@ -83,7 +80,7 @@ class HostUpdateExtended:
     def _create_variable(self, next_creator, **kwargs):
         if self._glp_creating_host_copy:
             return next_creator(**kwargs)
-        if not _keras_compat.creating_optimizer_variable():
+        if not compat.creating_optimizer_variable():
             return super()._create_variable(next_creator, **kwargs)
         kwargs.pop("colocate_with", None)
         kwargs["initial_value"] = self._host_initial_value(kwargs)
@@ -97,13 +94,13 @@ class HostUpdateExtended:
     def _validate_colocate_with_variable(self, colocate_with_variable):
         # Keras colocates a slot with its variable; inside the host update
         # that is the host copy, a plain variable.
-        if isinstance(colocate_with_variable, values_lib.DistributedVariable):
+        if compat.is_distributed_variable(colocate_with_variable):
             super()._validate_colocate_with_variable(colocate_with_variable)
 
     # -- host copies -----------------------------------------------------------
     def has_host_copy(self, variable) -> bool:
         """Whether `variable` is a trainable mirrored variable (updated on the host)."""
-        return isinstance(variable, values_lib.DistributedVariable) and not distribute_utils.is_sync_on_read(
+        return compat.is_distributed_variable(variable) and not compat.is_sync_on_read(
             variable) and variable.trainable
 
     def _host_index(self, variable) -> int | None:
@@ -132,7 +129,7 @@ class HostUpdateExtended:
                     self._glp_creating_host_copy = False
                 # Keras finds a variable's slots through its container
                 # (TFOptimizer._var_key), as it does for the replica copies.
-                _keras_compat.set_distributed_container(master, variable)
+                compat.set_distributed_container(master, variable)
                 self._glp_masters[id(variable)] = master
         # (Also right after creation: the creation ran eagerly, the refresh
         # is part of the step being built, so every step of it refreshes.)
@@ -180,7 +177,7 @@ class HostUpdateExtended:
         swapped = []
         seen = set()
         for keras_variable in keras_variables:
-            inner = _keras_compat.keras_variable_value(keras_variable)
+            inner = compat.keras_variable_value(keras_variable)
             if id(keras_variable) in seen or not self.has_host_copy(inner):
                 continue
             seen.add(id(keras_variable))
@@ -188,12 +185,12 @@ class HostUpdateExtended:
         outer = self._glp_pending
         self._glp_pending = [inner for _, inner in swapped]
         for keras_variable, inner in swapped:
-            _keras_compat.set_keras_variable_value(keras_variable, self.host_copy(inner))
+            compat.set_keras_variable_value(keras_variable, self.host_copy(inner))
         try:
             yield
         finally:
             for keras_variable, inner in swapped:
-                _keras_compat.set_keras_variable_value(keras_variable, inner)
+                compat.set_keras_variable_value(keras_variable, inner)
             pending, self._glp_pending = self._glp_pending, outer
         copied = set()
         for variable in pending:
@@ -203,7 +200,7 @@ class HostUpdateExtended:
 
     # -- updates ------------------------------------------------------------
     def _update(self, var, fn, args, kwargs, group):
-        if isinstance(var, values_lib.DistributedVariable):
+        if compat.is_distributed_variable(var):
             if not self.has_host_copy(var):
                 return super()._update(var, fn, args, kwargs, group)
             target = self._write_target(var)
@@ -213,11 +210,11 @@ class HostUpdateExtended:
         # No UpdateContext: a mirrored variable written inside `fn` (one the
         # optimizer does not own) is then written on every copy, once.
         with tf.device(target.device):
-            result = fn(target, *distribute_utils.select_replica(index, args),
-                        **distribute_utils.select_replica(index, kwargs))
-        if isinstance(var, values_lib.DistributedVariable) and self._glp_pending is None:
+            result = fn(target, *compat.select_replica(index, args),
+                        **compat.select_replica(index, kwargs))
+        if compat.is_distributed_variable(var) and self._glp_pending is None:
             self._copy_to_replicas(var)
-        return result if group else nest.map_structure(self._local_results, result)
+        return result if group else tf.nest.map_structure(self._local_results, result)
 
     def _host_index_of_device(self, device: str) -> int | None:
         for index, name in enumerate(self.worker_devices):
@@ -226,12 +223,12 @@ class HostUpdateExtended:
         return None
 
     def read_var(self, var):
-        if isinstance(var, values_lib.DistributedValues):
+        if isinstance(var, tf.distribute.DistributedValues):
             return super().read_var(var)
         return tf.identity(var.read_value())
 
 
-class HostMirroredExtended(HostUpdateExtended, mirrored_strategy.MirroredExtended):
+class HostMirroredExtended(HostUpdateExtended, compat.mirrored_extended_class()):
     """MirroredStrategy's extended object with the host homes and updates
     of update="host" on one machine (see the module docstring)."""
 

@@ -51,10 +51,10 @@ import warnings
 
 import keras
 import tensorflow as tf
-from tensorflow.python.distribute import values as values_lib
 
-from tf_glp import _keras_compat
+from tf_glp._keras import compat
 from tf_glp.ops import host_reduce
+from tf_glp.strategy import no_xla
 
 _state = threading.local()
 
@@ -96,14 +96,13 @@ def check_fit(model, strategy, global_batch: int | None, samples: int | None = N
             f"tf_glp.Strategy(micro_batches={m}) runs Keras' own train_step once per micro-batch; "
             f"{type(model).__name__} overrides train_step, which computes one gradient for the whole batch. "
             f"Use micro_batches=None with a custom train_step.")
-    trainer = _keras_compat.keras_class("keras.src.trainers.trainer", "Trainer")
-    if type(model).compute_metrics is not trainer.compute_metrics:
+    if type(model).compute_metrics is not keras.Model.compute_metrics:
         warnings.warn(f"tf_glp.Strategy(micro_batches={m}) calls {type(model).__name__}.compute_metrics with the "
                       f"whole global batch's y and y_pred and x=None (the inputs are not gathered)", stacklevel=3)
     for doubt in invariance_doubts(strategy.extended.worker_devices, _gpu_names(),
-                                   _keras_compat.op_determinism_enabled()):
+                                   compat.op_determinism_enabled()):
         warnings.warn(f"tf_glp.Strategy(micro_batches={m}): {doubt}", stacklevel=3)
-    varying = [f"{layer.name} (BatchNormalization with renorm)" for layer in _keras_compat.all_layers(model)
+    varying = [f"{layer.name} (BatchNormalization with renorm)" for layer in compat.all_layers(model)
                if isinstance(layer, keras.layers.BatchNormalization) and layer.renorm]
     if varying:
         warnings.warn(
@@ -137,8 +136,7 @@ def _gpu_names() -> list[str]:
 
 
 def _overrides_train_step(model) -> bool:
-    trainer = _keras_compat.keras_class("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer")
-    return type(model).train_step is not trainer.train_step
+    return type(model).train_step is not keras.Model.train_step
 
 
 def _split(tensor, pieces: int, m: int):
@@ -263,7 +261,7 @@ def train_step(model, data, strategy):
     split = [_split(t, pieces, m) for t in tf.nest.flatten(structure)]
     micro = [tf.nest.pack_sequence_as(structure, [parts[j] for parts in split]) for j in range(pieces)]
     weights = model.trainable_weights
-    norms = [layer for layer in _keras_compat.all_layers(model)
+    norms = [layer for layer in compat.all_layers(model)
              if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable and not layer.renorm]
     # The moving averages as the step found them (read before any micro-batch writes them).
     starts = [(tf.identity(layer.moving_mean.value), tf.identity(layer.moving_variance.value)) for layer in norms]
@@ -274,8 +272,8 @@ def train_step(model, data, strategy):
         for j, (x_j, y_j, weight_j) in enumerate(micro):
             step.begin(j)
             with tf.GradientTape() as tape:
-                y_pred = model(x_j, training=True) if _keras_compat.call_has_training_arg(model) else model(x_j)
-                loss = _keras_compat.compute_loss(model, x_j, y_j, y_pred, weight_j)
+                y_pred = model(x_j, training=True) if compat.call_has_training_arg(model) else model(x_j)
+                loss = compat.compute_loss(model, x_j, y_j, y_pred, weight_j)
                 losses.append(loss)
                 if model.optimizer is not None:
                     loss = model.optimizer.scale_loss(loss)
@@ -294,15 +292,51 @@ def train_step(model, data, strategy):
     shared = {"losses": losses, "y": [t[1] for t in micro], "y_pred": predictions,
               "sizes": [tf.shape(tf.nest.flatten(y_pred)[0])[0] for y_pred in predictions],
               "sample_weight": [t[2] for t in micro], "moments": moments}
-    combined = strategy._apply_micro_batches(model.optimizer, gradients, weights, shared)
+    combined = _apply(strategy, model.optimizer, gradients, weights, shared)
     for layer, (mean_start, variance_start), (mean, variance) in zip(norms, starts, combined["moments"]):
         momentum = layer.momentum
         layer.moving_mean.assign(mean_start * momentum + tf.cast(mean, mean_start.dtype) * (1.0 - momentum))
         layer.moving_variance.assign(variance_start * momentum
                                      + tf.cast(variance, variance_start.dtype) * (1.0 - momentum))
     global_batch = tf.shape(tf.nest.flatten(combined["y_pred"])[0])[0]
-    _keras_compat.loss_tracker(model).update_state(combined["loss"], sample_weight=global_batch)
+    compat.loss_tracker(model).update_state(combined["loss"], sample_weight=global_batch)
     return model.compute_metrics(None, combined["y"], combined["y_pred"], sample_weight=combined["sample_weight"])
+
+
+def _apply(strategy, optimizer, gradients, variables, shared: dict) -> dict:
+    """The host's part of a micro-batched train step: `gradients[j]` are
+    this replica's gradients of its j-th micro-batch. One merge; there each
+    variable's M gradients (across workers, every worker's) are added on
+    the host in micro-batch order (in_order_sum, or the fused update's own
+    in-order pass where it takes them unsummed), Keras' own apply runs once
+    on the sums (as in Strategy._apply_once; a LossScaleOptimizer's
+    backend-neutral one), and the step's other values are combined
+    (combine), which every replica receives."""
+    no_xla.check_not_in_xla()
+
+    def merge_fn(strategy, gradients, shared):
+        loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        ordered = in_micro_batch_order(strategy, gradients)
+        updated = [v for parts, v in zip(ordered, variables) if parts is not None]
+        # The fused update adds the M parts in its own pass, in order.
+        unsummed = bool(updated) and strategy._takes_unsummed(optimizer, updated, loss_scaled)
+        summed = []
+        with tf.device(strategy.host_device):
+            for parts in ordered:
+                if parts is not None:  # (sparse gradients are added as dense ones)
+                    parts = [tf.identity(tf.convert_to_tensor(p)) for p in parts]
+                    summed.append(MicroBatchGradients(parts) if unsummed else in_order_sum(parts))
+            combined = combine(strategy, shared)
+        if updated:
+            with strategy._optimizer_step(optimizer, updated):
+                if loss_scaled:
+                    # (Its own apply insists on a replica context.)
+                    compat.apply_loss_scaled(optimizer, summed, updated)
+                else:
+                    optimizer.apply(summed, updated)
+        return combined
+
+    return tf.distribute.get_replica_context().merge_call(merge_fn, args=(gradients, shared))
 
 
 def combine(strategy, shared) -> dict:
@@ -350,7 +384,7 @@ def combine(strategy, shared) -> dict:
                 "sample_weight": gather(shared["sample_weight"])}
 
 
-class MicroBatchGradients(values_lib.PerReplica):
+class MicroBatchGradients(compat.per_replica_class()):
     """One variable's M micro-batch gradients, in micro-batch order, every
     worker's: handed unsummed to the fused host update, whose own pass adds
     them in list order (Note [Deterministic accumulation]), bitwise what

@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import keras
 
-from tf_glp import _keras_compat
-from tf_glp.ops.keras_fused import FUSED_FLAG
+from tf_glp._keras import compat
 from tf_glp.profiling import optimizer_step
 
 
-class OneDeviceExtended(_keras_compat.keras_class("tensorflow.python.distribute.one_device_strategy",
-                                                  "OneDeviceExtended")):
+class OneDeviceExtended(compat.one_device_extended_class()):
     """OneDeviceStrategy's extended object, datasets left as they are."""
 
     def _experimental_distribute_dataset(self, dataset, options):
@@ -64,7 +62,7 @@ class OptimizerStepChoice:
             self.record = {"optimizer_class": type(optimizer).__name__, "choice": "native", "reason": why}
         self._optimizer_id = id(optimizer)
         fused = self.record["choice"] == "fused"
-        if fused == bool(getattr(optimizer, FUSED_FLAG, False)):
+        if fused == optimizer_step.uses_fused_update(optimizer):
             return False
         optimizer_step.use_fused_update(optimizer, fused)  # as the start-up profiler sets it
         return True

@@ -34,18 +34,17 @@ chunk count at the start of the first fit, with the cost model
 from __future__ import annotations
 
 import contextlib
-import math
-import time
 import warnings
 
 import keras
 import tensorflow as tf
 
-from tf_glp import _keras_compat
+from tf_glp._keras import compat, patches
 from tf_glp.ops import FusedKerasUpdate, host_reduce, supports_fused_update
+from tf_glp.ops.keras_fused import changes_gradients
 from tf_glp.strategy import chunking as chunking_lib
-from tf_glp.strategy import cost_model, devices as devices_lib, hooks, multi_worker
-from tf_glp.strategy import micro_batches as micro_batches_lib
+from tf_glp.strategy import cluster as cluster_lib, cost_model, devices as devices_lib, fit_setup, multi_worker
+from tf_glp.strategy import micro_batches as micro_batches_lib, no_xla
 from tf_glp.strategy import one_device
 from tf_glp.strategy.settings import Settings
 from tf_glp.strategy.cross_device_ops import (
@@ -130,7 +129,7 @@ class Strategy(tf.distribute.Strategy):
         update = cls._update_mode or update
         settings = Settings(devices, update, chunking, compression, cpu_replicas, cluster_resolver, micro_batches)
         if cls is Strategy:
-            if multi_worker.resolve_cluster(cluster_resolver) is not None:
+            if cluster_lib.resolve_cluster(cluster_resolver) is not None:
                 cls = MultiWorkerHostStrategy if update == "host" else MultiWorkerReplicaStrategy
             elif micro_batches is None and devices_lib.trains_on_one_device(devices, cpu_replicas):
                 cls = SingleDeviceStrategy
@@ -140,8 +139,8 @@ class Strategy(tf.distribute.Strategy):
         strategy.settings = settings
         return strategy
 
-    # Mark tf_glp strategies, and the one-device one, for hooks.py (which
-    # must not import this module).
+    # Mark tf_glp strategies, and the one-device one, for the patches
+    # (tf_glp/_keras/patches.py, which must not import this module).
     _is_tf_glp_strategy = True
     _is_one_device = False
     _update_mode: str | None = None
@@ -166,8 +165,21 @@ class Strategy(tf.distribute.Strategy):
         self.chunking_state = chunking_state
         self._host_ops = host_ops
         self._rates: cost_model.HostRates | None = None
-        hooks.install()
+        patches.install_micro_batch_wrappers(
+            micro_batches_lib.seed_next, micro_batches_lib.batch_norm_moments, micro_batches_lib.scale_for_distribution)
         return devices
+
+    def _prepare_compile(self, arguments: dict) -> None:
+        """Called by the compile patch with compile's bound arguments (no_xla.py)."""
+        no_xla.prepare_compile(arguments)
+
+    def _prepare_fit(self, model, arguments: dict) -> None:
+        """Called by the fit patch with fit's bound arguments (fit_setup.py)."""
+        fit_setup.prepare(model, self, arguments)
+
+    def _micro_batch_train_step(self, model, data):
+        """Keras' train_step under micro_batches=M (micro_batches.py)."""
+        return micro_batches_lib.train_step(model, data, self)
 
     @property
     def update(self) -> str:
@@ -180,6 +192,12 @@ class Strategy(tf.distribute.Strategy):
         return self.chunking_state.setting
 
     @property
+    def host_device(self) -> str:
+        """The device whose CPUs sum the gradients (and, with update="host",
+        run the optimizer step)."""
+        return self._host_ops.host_device
+
+    @property
     def compression(self) -> str | None:
         """None, "bf16" or "fp16" (see the class docstring)."""
         return self._host_ops.compression
@@ -188,7 +206,7 @@ class Strategy(tf.distribute.Strategy):
     def host_rates(self) -> cost_model.HostRates:
         """Measures (once) the host speeds the cost model uses."""
         if self._rates is None:
-            self._rates = _measure_host_rates(self.uses_gpus())
+            self._rates = cost_model.measure_host_rates(self.host_device, self.uses_gpus())
         return self._rates
 
     def uses_gpus(self) -> bool:
@@ -205,7 +223,7 @@ class Strategy(tf.distribute.Strategy):
             >>> print(strategy.explain())
         """
         where = f"{len(self.extended.worker_devices)} replicas"
-        if _keras_compat.in_multi_worker_mode(self):
+        if compat.in_multi_worker_mode(self):
             where += f" x {self.extended.num_workers} workers"
         lines = [f"tf_glp.Strategy({self.settings.describe()}) on {where}"]
         if not self.chunking_state.decided and not self.chunking_state.trials:
@@ -226,17 +244,17 @@ class Strategy(tf.distribute.Strategy):
 
     # -- the optimizer step --------------------------------------------------
     def _apply_once(self, optimizer, run, grads, variables, *, loss_scaled: bool = False) -> None:
-        """The optimizer step, called from the replicas' step (hooks.py):
+        """The optimizer step, called from the replicas' step (tf_glp/_keras/patches.py):
         one merge; there the replicas' gradients are summed on the host and
         `run(summed_grads, variables)` (Keras' own apply) runs once, in
         cross-replica context. Under update="host" it runs on the host
         copies (`_optimizer_step`); the fused update may take the
         per-replica gradients unsummed (`_takes_unsummed`)."""
-        _check_not_xla()
+        no_xla.check_not_in_xla()
 
         def merge_fn(strategy, grads):
             grads = list(grads)
-            keras_variables = list(variables) if variables is not None else _keras_compat.built_variables(optimizer)
+            keras_variables = list(variables) if variables is not None else compat.built_variables(optimizer)
             if not self._takes_unsummed(optimizer, keras_variables, loss_scaled):
                 # An fp16 overflow in a loss-scaled step becomes inf and
                 # skips the step, as loss scaling intends, instead of raising.
@@ -270,43 +288,6 @@ class Strategy(tf.distribute.Strategy):
 
         tf.distribute.get_replica_context().merge_call(build)
 
-    def _apply_micro_batches(self, optimizer, gradients, variables, shared: dict) -> dict:
-        """The host's part of a micro-batched train step (micro_batches.py):
-        `gradients[j]` are this replica's gradients of its j-th
-        micro-batch. One merge; there each variable's M gradients (across
-        workers, every worker's) are added on the host in micro-batch order
-        (micro_batches.in_order_sum, or the fused update's own in-order pass
-        where it takes them unsummed), Keras' own apply runs once on the
-        sums (as in _apply_once; a LossScaleOptimizer's backend-neutral
-        one), and the step's other values are combined
-        (micro_batches.combine), which every replica receives."""
-        _check_not_xla()
-
-        def merge_fn(strategy, gradients, shared):
-            loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-            ordered = micro_batches_lib.in_micro_batch_order(strategy, gradients)
-            updated = [v for parts, v in zip(ordered, variables) if parts is not None]
-            # The fused update adds the M parts in its own pass, in order.
-            unsummed = bool(updated) and self._takes_unsummed(optimizer, updated, loss_scaled)
-            summed = []
-            with tf.device(self._host_ops.host_device):
-                for parts in ordered:
-                    if parts is not None:  # (sparse gradients are added as dense ones)
-                        parts = [tf.identity(tf.convert_to_tensor(p)) for p in parts]
-                        summed.append(micro_batches_lib.MicroBatchGradients(parts) if unsummed
-                                      else micro_batches_lib.in_order_sum(parts))
-                combined = micro_batches_lib.combine(strategy, shared)
-            if updated:
-                with self._optimizer_step(optimizer, updated):
-                    if loss_scaled:
-                        # (Its own apply insists on a replica context.)
-                        _keras_compat.apply_loss_scaled(optimizer, summed, updated)
-                    else:
-                        optimizer.apply(summed, updated)
-            return combined
-
-        return tf.distribute.get_replica_context().merge_call(merge_fn, args=(gradients, shared))
-
     def _optimizer_step(self, optimizer, variables):
         return contextlib.nullcontext()
 
@@ -329,17 +310,10 @@ def _apply_sparse_update(strategy, optimizer, grad: tf.IndexedSlices, variable) 
     """Keras' weight decay and update_step for one variable, on its host
     copy: what Keras' own step does with a sparse gradient. (Not
     compressed: the rows cross to the host as they are.)"""
-    _keras_compat.apply_weight_decay_to_copy(optimizer, [variable])
+    compat.apply_weight_decay_to_copy(optimizer, [variable])
     target = variable.value if isinstance(variable, keras.Variable) else variable
     strategy.extended.update(target, lambda v, g: optimizer.update_step(g, v, optimizer.learning_rate),
                              args=(grad,), group=False)
-
-
-def _check_not_xla() -> None:
-    if _keras_compat.in_xla_context():
-        raise ValueError(
-            "tf_glp.Strategy does not support jit_compile=True: its host aggregation runs as native "
-            "host ops outside XLA. Compile the model with jit_compile=False.")
 
 
 class _HostUpdate:
@@ -350,12 +324,10 @@ class _HostUpdate:
 
     def _optimizer_step(self, optimizer, variables):
         # The optimizer's own list too: Keras' EMA reads it.
-        return self.extended.host_update(list(variables) + _keras_compat.built_variables(optimizer))
+        return self.extended.host_update(list(variables) + compat.built_variables(optimizer))
 
     def _fuses_update(self, optimizer, variables) -> bool:
-        if not supports_fused_update(optimizer, update_step_only=True)[0]:
-            return False
-        return all(v.dtype == "float32" for v in variables)
+        return supports_fused_update(optimizer, variables, update_step_only=True)[0]
 
     def _fusing_now(self, optimizer, variables) -> bool:
         return self.extended.in_host_update() and self._fuses_update(optimizer, variables)
@@ -366,13 +338,12 @@ class _HostUpdate:
         reads each replica's gradient itself and sums it on the fly."""
         if loss_scaled or not self._fuses_update(optimizer, variables):
             return False
-        if any(getattr(optimizer, name, None) for name in
-               ("clipnorm", "clipvalue", "global_clipnorm", "gradient_accumulation_steps", "loss_scale_factor")):
+        if changes_gradients(optimizer) is not None:
             return False
         return not any(getattr(v, "overwrite_with_gradient", False) for v in variables)
 
     def _apply_update(self, optimizer, grads, variables) -> bool:
-        """Keras' `_backend_update_step` inside the host step (hooks.py): the
+        """Keras' `_backend_update_step` inside the host step (tf_glp/_keras/patches.py): the
         fused native pass per variable, chunk by chunk. Gradients arrive
         per replica (summed here, in the same pass; across workers first
         summed per worker, then across the workers), as a micro-batched
@@ -508,8 +479,8 @@ class MultiWorkerReplicaStrategy(_MultiWorkerKerasFixes, Strategy, tf.distribute
     _update_mode = "replicas"
 
     def __init__(self, *args, **kwargs):  # Strategy's arguments, kept in self.settings by Strategy.__new__
-        resolver = multi_worker.resolve_cluster(self.settings.cluster_resolver)
-        devices = self._glp_setup(workers=multi_worker.worker_count(resolver))
+        resolver = cluster_lib.resolve_cluster(self.settings.cluster_resolver)
+        devices = self._glp_setup(workers=cluster_lib.worker_count(resolver))
         tf.distribute.Strategy.__init__(self, self._extended_class(self, resolver, devices, self._host_ops))
 
 
@@ -520,29 +491,3 @@ class MultiWorkerHostStrategy(_HostUpdate, MultiWorkerReplicaStrategy):
 
     _extended_class = multi_worker.MultiWorkerHostExtended
     _update_mode = "host"
-
-
-def _measure_host_rates(uses_gpus: bool) -> cost_model.HostRates:
-    """Times the host engine on this machine (about 0.2 s)."""
-    elements = 4 << 20
-    with tf.device(HOST_DEVICE):
-        inputs = [tf.random.stateless_uniform([elements], seed=[i, 0]) for i in range(2)]
-        small = [tf.zeros([16]) for _ in range(2)]
-
-        def best(fn, repeats=5):
-            fn()
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - start)
-            return min(times)
-
-        reduce_s = best(lambda: host_reduce(inputs).numpy())
-        overhead_s = best(lambda: host_reduce(small).numpy(), repeats=20)
-    reduce_bw = 3 * elements * 4 / reduce_s
-    # A fused Adam update moves 28 bytes per parameter, a 2-way reduce 12 per
-    # element: scale the measured reduce rate accordingly.
-    update_rate = reduce_bw / 28
-    transfer = 12e9 if uses_gpus else math.inf  # PCIe 3 x16 effective; shared memory on CPUs
-    return cost_model.HostRates(transfer, reduce_bw, update_rate, overhead_s)

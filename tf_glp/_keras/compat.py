@@ -1,4 +1,8 @@
-"""Every reach of tf_glp into private Keras or TensorFlow internals, in one place.
+"""What tf_glp reads, calls or subclasses of Keras' and TensorFlow's private internals.
+
+The boundary's reading half (tf_glp/_keras/; patches.py is the patching
+half): nothing outside this package imports a private module or touches a
+private attribute (tests/test_keras_boundary.py).
 
 Written for Keras 3.15 and TensorFlow 2.21 (WRITTEN_FOR; pyproject.toml pins
 both). Each class-level internal is listed in INTERNALS with what tf_glp uses
@@ -8,31 +12,32 @@ instance-level ones (an optimizer's slot lists) built from real Keras
 objects; `require_internals()`, called when the first tf_glp.Strategy is
 created, raises instead of letting tf_glp run half-patched.
 
-Not here: host_copies.py, multi_worker.py and one_device.py subclass
-TensorFlow's private strategy extended classes (MirroredExtended,
-CollectiveAllReduceExtended, OneDeviceExtended);
-the methods they override or borrow are listed in INTERNALS too, and
-tests/strategy/ checks their behaviour.
+host_copies.py, multi_worker.py and one_device.py subclass TensorFlow's
+private strategy extended classes, which they get from here
+(mirrored_extended_class, ...) with the state they read and the helpers
+they call; the private methods they override are listed in INTERNALS (the
+boundary test requires it), and tests/strategy/ checks their behaviour.
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import NamedTuple
 
 WRITTEN_FOR = {"keras": "3.15", "tensorflow": "2.21"}
 
 # (module, class, attribute): what tf_glp uses it for.
 INTERNALS = {
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "apply"):
-        "patched: the optimizer step taken out of the replicas' step (hooks.py, Strategy._apply_once)",
+        "patched: the optimizer step taken out of the replicas' step (patches.py, Strategy._apply_once)",
     ("tensorflow._api.v2.__internal__.distribute", "interim", "maybe_merge_call"):
-        "patched: Keras' optimizer helpers called directly in tf_glp's cross-replica step (hooks.py)",
+        "patched: Keras' optimizer helpers called directly in tf_glp's cross-replica step (patches.py)",
     ("keras.src.optimizers.loss_scale_optimizer", "LossScaleOptimizer", "_tf_apply"):
-        "patched: the loss-scaled step taken out of the replicas' step (hooks.py)",
+        "patched: the loss-scaled step taken out of the replicas' step (patches.py)",
     ("keras.src.optimizers.loss_scale_optimizer", "LossScaleOptimizer", "_common_apply"):
         "the loss-scaled step in cross-replica context (apply_loss_scaled)",
     ("keras.src.backend.tensorflow.optimizer", "TFOptimizer", "_backend_update_step"):
-        "patched: the fused host update (hooks.py)",
+        "patched: the fused host update (patches.py)",
     ("keras.src.backend.tensorflow.optimizer", "TFOptimizer", "_apply_weight_decay"):
         "patched: skipped when the fused update applies weight decay",
     ("keras.src.backend.tensorflow.optimizer", "TFOptimizer", "_var_key"):
@@ -73,7 +78,13 @@ INTERNALS = {
     ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "_maybe_symbolic_build"):
         "its multi-worker bug is worked around in MultiWorker*Strategy.reduce (strategy.py)",
     ("keras.src.callbacks.backup_and_restore", "BackupAndRestore", "_should_save_on_batch"):
-        "subclassed: tf_glp.callbacks.BackupAndRestore",
+        "subclassed: calls _save_model every save_freq batches (tf_glp.callbacks.BackupAndRestore)",
+    ("keras.src.callbacks.backup_and_restore", "BackupAndRestore", "_save_model"):
+        "overridden: chief-only, atomic backups with batch-level metadata (tf_glp.callbacks.BackupAndRestore)",
+    ("keras.src.callbacks.backup_and_restore", "BackupAndRestore", "_load_model"):
+        "Keras' own restore, for its backups (load_keras_backup)",
+    ("tensorflow.python.distribute.cross_device_ops", "CrossDeviceOps", "_num_between_graph_workers"):
+        "overridden: the worker count of tf_glp's hierarchical reductions (cross_device_ops.py)",
     ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "train_step"):
         "patched: one pass per micro-batch (micro_batches.py)",
     ("keras.src.trainers.trainer", "Trainer", "_compute_loss"): "a micro-batch's loss (compute_loss)",
@@ -85,12 +96,26 @@ INTERNALS = {
     ("keras.src.layers.normalization.batch_normalization", "BatchNormalization", "_moments"):
         "patched: each micro-batch's moments recorded (micro_batches.py)",
     ("keras.src.optimizers.loss_scale_optimizer", "LossScaleOptimizer", "apply"):
-        "patched: an optimizer met unbuilt in the replicas' step is built outside the trace (hooks.py)",
+        "patched: an optimizer met unbuilt in the replicas' step is built outside the trace (patches.py)",
     ("tensorflow.python.distribute.one_device_strategy", "OneDeviceExtended", "_experimental_distribute_dataset"):
         "overridden: a one-device tf_glp.Strategy leaves datasets as plain Keras iterates them (one_device.py)",
+    ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
+     "_get_cross_device_ops"): "which collective reduces a value (reduces_on_host)",
+    ("tensorflow.python.distribute", "distribute_utils", "is_sync_on_read"): "host homes skip sync-on-read variables",
+    ("tensorflow.python.distribute", "distribute_utils", "select_replica"): "one replica's arguments (host_copies.py)",
+    ("tensorflow.python.distribute", "values", "DistributedVariable"): "is_distributed_variable",
+    ("tensorflow.python.distribute", "values", "PerReplica"): "micro-batch gradients handed over unsummed",
+    ("tensorflow.python.ops", "collective_ops", "all_reduce_v2"): "integers checked across workers (multi_worker.py)",
+    ("tensorflow.python.distribute", "multi_worker_util", "coordination_leader"):
+        "the coordination service as MultiWorkerMirroredStrategy configures it (cluster.py)",
+    ("tensorflow.python.eager", "context", "Context"): "configure_coordination_service",
 }
 
-# Instance attributes, checked on real objects by tests/test_keras_compat.py:
+# Instance attributes, checked on real objects by tests/test_keras_compat.py
+# (and, for the multi-worker ones, by tests/strategy/test_multi_worker.py:
+# a CollectiveAllReduceExtended's _num_workers, _worker_device,
+# _id_in_cluster, _is_chief, _collective_keys, _cross_device_ops and
+# _host_cross_device_ops):
 # an optimizer's slot lists (adam_slots, built_variables), the Keras
 # name-scope stack (creating_optimizer_variable), a Keras variable's
 # tf.Variable (keras_variable_value), a model's `_loss_tracker` and
@@ -260,6 +285,19 @@ def set_initial_epoch(model, epoch: int) -> None:
     model._initial_epoch = epoch  # noqa: SLF001
 
 
+def load_keras_backup(callback) -> None:
+    """Keras' own BackupAndRestore restore, for a subclass that overrides it."""
+    keras_class("keras.src.callbacks.backup_and_restore", "BackupAndRestore")._load_model(callback)  # noqa: SLF001
+
+
+def share_kernel(twin, layer) -> None:
+    """Makes a built Conv2D / Dense `layer`'s kernel `twin`'s too, tracked
+    as build() would track it (tf_glp.layers convert and strip)."""
+    twin._kernel = layer._kernel  # noqa: SLF001
+    if hasattr(layer, "_build_shapes_dict"):
+        twin._build_shapes_dict = layer._build_shapes_dict  # noqa: SLF001
+
+
 def last_batch_seen(callback) -> int:
     """The last batch a Keras BackupAndRestore saw in this epoch."""
     return callback._last_batch_seen  # noqa: SLF001
@@ -297,3 +335,136 @@ def in_xla_context() -> bool:
     from tensorflow.python.ops import control_flow_util  # noqa: PLC0415
 
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+# -- tf.distribute's private classes and state ----------------------------------
+# tf_glp's strategies subclass TensorFlow's extended objects (host_copies.py,
+# one_device.py, multi_worker.py): the classes, the state they read and the
+# helpers they call come from here.
+def mirrored_extended_class():
+    """MirroredStrategy's extended object (host_copies.HostMirroredExtended)."""
+    from tensorflow.python.distribute import mirrored_strategy  # noqa: PLC0415
+
+    return mirrored_strategy.MirroredExtended
+
+
+def one_device_extended_class():
+    """OneDeviceStrategy's extended object (one_device.OneDeviceExtended)."""
+    from tensorflow.python.distribute import one_device_strategy  # noqa: PLC0415
+
+    return one_device_strategy.OneDeviceExtended
+
+
+def collective_extended_class():
+    """MultiWorkerMirroredStrategy's extended object (multi_worker.py)."""
+    from tensorflow.python.distribute import collective_all_reduce_strategy  # noqa: PLC0415
+
+    return collective_all_reduce_strategy.CollectiveAllReduceExtended
+
+
+def per_replica_class():
+    """tf.distribute's PerReplica values (micro_batches.MicroBatchGradients)."""
+    from tensorflow.python.distribute import values  # noqa: PLC0415
+
+    return values.PerReplica
+
+
+def is_distributed_variable(value) -> bool:
+    """Whether `value` is a tf.distribute variable (mirrored, sync-on-read, ...)."""
+    from tensorflow.python.distribute import values  # noqa: PLC0415
+
+    return isinstance(value, values.DistributedVariable)
+
+
+def is_sync_on_read(variable) -> bool:
+    from tensorflow.python.distribute import distribute_utils  # noqa: PLC0415
+
+    return distribute_utils.is_sync_on_read(variable)
+
+
+def select_replica(index: int, structure):
+    """Replica `index`'s element of every per-replica value in `structure`."""
+    from tensorflow.python.distribute import distribute_utils  # noqa: PLC0415
+
+    return distribute_utils.select_replica(index, structure)
+
+
+class CollectiveWorker(NamedTuple):
+    """What a multi-worker extended object knows about its cluster."""
+
+    num_workers: int
+    worker_device: str
+    id_in_cluster: int
+    is_chief: bool
+
+
+def collective_worker(extended) -> CollectiveWorker:
+    """The cluster facts of a CollectiveAllReduceExtended."""
+    return CollectiveWorker(extended._num_workers, extended._worker_device,  # noqa: SLF001
+                            extended._id_in_cluster, extended._is_chief)  # noqa: SLF001
+
+
+def replace_cross_device_ops(extended, cross_device_ops):
+    """Makes `cross_device_ops` the reductions of a CollectiveAllReduceExtended;
+    returns (its collective ops over the local devices, its collective ops
+    over this worker's host), both TensorFlow's."""
+    local = extended._cross_device_ops  # noqa: SLF001
+    extended._cross_device_ops = cross_device_ops  # noqa: SLF001
+    return local, extended._host_cross_device_ops  # noqa: SLF001
+
+
+def reduces_on_host(extended, value) -> bool:
+    """Whether a CollectiveAllReduceExtended reduces `value` with its host
+    collective (a host value) rather than its local devices' one."""
+    return extended._get_cross_device_ops(value) is not extended._cross_device_ops  # noqa: SLF001
+
+
+def collective_initial_value(extended, **kwargs):
+    """CollectiveAllReduceExtended's initial-value function (the chief's
+    value, broadcast), for an extended object that overrides it."""
+    return collective_extended_class()._get_variable_creator_initial_value(extended, **kwargs)  # noqa: SLF001
+
+
+def all_reduce_among_workers(extended, values, device: str, merge_op: str, timeout_s: float | None = None):
+    """One CollectiveReduceV2 of `values` (int64, on `device`) over the
+    workers of a CollectiveAllReduceExtended, with its group keys; eager."""
+    import tensorflow as tf  # noqa: PLC0415
+    from tensorflow.python.ops import collective_ops  # noqa: PLC0415
+
+    keys = extended._collective_keys  # noqa: SLF001
+    group_key = keys.get_group_key([device])
+    instance_key = keys.get_instance_key(group_key, device)
+    with tf.device(device):
+        return collective_ops.all_reduce_v2(tf.constant(values, tf.int64), extended._num_workers,  # noqa: SLF001
+                                            group_key, instance_key, merge_op=merge_op, final_op="Id",
+                                            timeout=timeout_s or 0).numpy().tolist()
+
+
+def normalized_cluster_spec(cluster_resolver):
+    """The resolver's cluster spec as tf.distribute normalises it."""
+    from tensorflow.python.distribute import multi_worker_util  # noqa: PLC0415
+
+    return multi_worker_util.normalize_cluster_spec(cluster_resolver.cluster_spec())
+
+
+def configure_coordination_service(cluster_resolver, timeout_ms: int) -> None:
+    """The coordination service as MultiWorkerMirroredStrategy configures
+    it, with `timeout_ms` as its register, heartbeat and shutdown timeouts;
+    nothing if this process already has one."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2  # noqa: PLC0415
+    from tensorflow.python.distribute import multi_worker_util  # noqa: PLC0415
+    from tensorflow.python.eager import context  # noqa: PLC0415
+
+    if context.context().coordination_service is not None:
+        return
+    cluster_spec = normalized_cluster_spec(cluster_resolver)
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+            for job in ("chief", "worker") if job in cluster_spec.jobs]
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(cluster_spec),
+        coordinated_jobs=jobs,
+        cluster_register_timeout_in_ms=timeout_ms,
+        heartbeat_timeout_in_ms=timeout_ms,
+        shutdown_barrier_timeout_in_ms=timeout_ms,
+    )

@@ -1,4 +1,10 @@
-"""The places where tf_glp.Strategy reaches into Keras 3.
+"""The methods of Keras 3 that tf_glp wraps: the boundary's patching half
+(tf_glp/_keras/; compat.py is the reading half).
+
+Each wrapper decides only whether tf_glp takes part and hands the work to
+the tf_glp.Strategy the model or optimizer runs under (duck-typed: this
+module imports nothing of tf_glp's above the boundary), or to what tf_glp
+registered here (set_fused_update, install_micro_batch_wrappers).
 
 Keras' TensorFlow optimizer sums gradients with a replica-context all-reduce
 and then runs its update per variable copy; tf_glp.Strategy takes the whole
@@ -24,7 +30,7 @@ tf_glp.Strategy:
   SGD / Adam / AdamW; and on one device where it measured faster: without
   a strategy as the start-up profiler chose it,
   tf_glp.profiling.optimizer_step, or under a one-device tf_glp.Strategy,
-  one_device.py).
+  one_device.py; set_fused_update).
 - TFOptimizer._apply_weight_decay: skipped when the fused update applies it.
 - Trainer.compile: with replicas, jit_compile="auto" becomes False (the
   host ops run outside XLA) and jit_compile=True is refused with a clear
@@ -33,20 +39,18 @@ tf_glp.Strategy:
   Trainer.compile as custom and then skips compile when loading it.)
 - TensorFlowTrainer.train_step, Keras' (un)scale_loss_for_distribution,
   SeedGenerator.next and BatchNormalization._moments: a micro-batched step
-  (micro_batches.py), only under micro_batches=M.
-- TensorFlowTrainer.fit: refuses a global batch that does not divide by the
-  replica count (or, with micro_batches, by M), decides chunking="auto"
-  (chunking_decision.py), puts tf_glp's BackupAndRestore in place of a plain
-  Keras one (chief-only writes across workers, batch-level resume;
-  callbacks/backup_and_restore.py), and on one device adds the optimizer
-  step's decision (one_device.py).
+  (tf_glp/strategy/micro_batches.py gives the wrappers), only under
+  micro_batches=M.
+- TensorFlowTrainer.fit: the strategy checks fit's arguments and adds its
+  callbacks first (Strategy._prepare_fit, tf_glp/strategy/fit_setup.py).
 
 A one-device tf_glp.Strategy (no GPUs, no replicas asked for) takes none
 of the multi-replica paths: Keras' own step runs, as without a strategy,
 with only the fused update where it measured faster.
 
-They are installed once, when the first tf_glp.Strategy is created, after
-_keras_compat.require_internals() has checked that the installed Keras still
+They are installed once, when the first tf_glp.Strategy is created (or the
+start-up profiler first chooses the fused update), after
+compat.require_internals() has checked that the installed Keras still
 has every method they wrap (it raises, naming what changed, if not).
 """
 
@@ -54,18 +58,17 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import threading
 
 import keras
 import tensorflow as tf
 
-from tf_glp import _keras_compat
-from tf_glp.ops import FusedKerasUpdate
-from tf_glp.ops.keras_fused import FUSED_FLAG
-from tf_glp.strategy import chunking_decision, micro_batches
+from tf_glp._keras import compat
 
 _installed = False
+_micro_batch_wrappers_installed = False
+# The fused update chosen for an optimizer on one device: set_fused_update.
+_FUSED_STEP = "_tf_glp_fused_update"
 _lock = threading.Lock()
 
 _MERGE_CALL = ("tensorflow._api.v2.__internal__.distribute", "interim")
@@ -99,18 +102,30 @@ def install() -> None:
     with _lock:
         if _installed:
             return
-        _keras_compat.require_internals()
+        compat.require_internals()
         _install_merge_call_hook()
         _install_optimizer_hooks()
         _install_loss_scale_hook()
         _install_model_hooks()
-        _install_micro_batch_hooks()
         _installed = True
+
+
+def set_fused_update(optimizer, step) -> None:
+    """Runs `optimizer`'s update on one device through `step(optimizer,
+    grads, variables)` (the fused native update; None: Keras' own), from
+    its next traced step on."""
+    install()
+    setattr(optimizer, _FUSED_STEP, step)
+
+
+def fused_update_of(optimizer):
+    """The fused update set for `optimizer` (set_fused_update), or None."""
+    return getattr(optimizer, _FUSED_STEP, None)
 
 
 def _wrap(owner: tuple[str, str], name: str, make_wrapper) -> None:
     """Replaces owner.name by make_wrapper(original), keeping its metadata."""
-    cls = _keras_compat.keras_class(*owner)
+    cls = compat.keras_class(*owner)
     original = getattr(cls, name)
     setattr(cls, name, functools.wraps(original)(make_wrapper(original)))
 
@@ -138,14 +153,16 @@ def _one_device(strategy) -> bool:
     return getattr(strategy, "_is_one_device", False)
 
 
-def _fused_on_one_device(optimizer) -> bool:
-    """Whether the fused update was chosen for this optimizer on one device:
-    by the start-up profiler (tf_glp.profiling.optimizer_step) without a
+def _fused_on_one_device(optimizer):
+    """The fused update chosen for this optimizer on one device, if any: by
+    the start-up profiler (tf_glp.profiling.optimizer_step) without a
     strategy, or by a one-device tf_glp.Strategy; never inside XLA."""
-    if not getattr(optimizer, FUSED_FLAG, False) or _keras_compat.in_xla_context():
-        return False
+    step = fused_update_of(optimizer)
+    if step is None or compat.in_xla_context():
+        return None
     strategy = _glp_strategy(optimizer)
-    return _one_device(strategy) if strategy is not None else not tf.distribute.has_strategy()
+    on_one_device = _one_device(strategy) if strategy is not None else not tf.distribute.has_strategy()
+    return step if on_one_device else None
 
 
 def _install_optimizer_hooks() -> None:
@@ -164,14 +181,14 @@ def _install_optimizer_hooks() -> None:
     def backend_update_step(original):
         def _backend_update_step(self, grads, trainable_variables, learning_rate):
             strategy = _glp_strategy(self)
-            if _fused_on_one_device(self):
+            fused = _fused_on_one_device(self)
+            if fused is not None:
                 if not any(isinstance(g, tf.IndexedSlices) for g in grads):
-                    FusedKerasUpdate(self, update_step_only=True).apply(
-                        [[g] for g in grads], trainable_variables, increment_iterations=False)
+                    fused(self, grads, trainable_variables)
                     return None
                 # Sparse gradients: Keras' own update, with the weight decay
                 # the hook below skipped.
-                _keras_compat.apply_weight_decay_to_copy(self, trainable_variables)
+                compat.apply_weight_decay_to_copy(self, trainable_variables)
             if strategy is None or _one_device(strategy):
                 return original(self, grads, trainable_variables, learning_rate)
             if strategy._apply_update(self, grads, trainable_variables):
@@ -183,7 +200,7 @@ def _install_optimizer_hooks() -> None:
     def apply_weight_decay(original):
         def _apply_weight_decay(self, variables):
             strategy = _glp_strategy(self)
-            if _fused_on_one_device(self) or (strategy is not None and strategy._fusing_now(self, variables)):
+            if _fused_on_one_device(self) is not None or (strategy is not None and strategy._fusing_now(self, variables)):
                 return None  # the fused update applies it, with the same learning rate
             return original(self, variables)
         return _apply_weight_decay
@@ -192,7 +209,7 @@ def _install_optimizer_hooks() -> None:
     # Keras optimizers with an `apply` of their own (MultiOptimizer): the
     # same step, so that what their apply writes (its own step counter) is
     # written once. LossScaleOptimizer's is wrapped at `_tf_apply` instead.
-    loss_scale_optimizer = _keras_compat.keras_class(*_LOSS_SCALE_OPTIMIZER)
+    loss_scale_optimizer = compat.keras_class(*_LOSS_SCALE_OPTIMIZER)
     classes = {id(c): c for c in vars(keras.optimizers).values() if isinstance(c, type)}
     for cls in classes.values():
         if (issubclass(cls, keras.optimizers.Optimizer) and "apply" in vars(cls)
@@ -209,7 +226,7 @@ def _install_loss_scale_hook() -> None:
             if not _in_replicas_step(strategy) or _one_device(strategy):
                 return original(self, grads, trainable_variables)
             return strategy._apply_once(
-                self, lambda g, v: _keras_compat.apply_loss_scaled(self, g, v), grads, trainable_variables,
+                self, lambda g, v: compat.apply_loss_scaled(self, g, v), grads, trainable_variables,
                 loss_scaled=True)
         return _tf_apply
 
@@ -227,8 +244,8 @@ def _install_loss_scale_hook() -> None:
 
 
 def _install_model_hooks() -> None:
-    compile_signature = inspect.signature(_keras_compat.keras_class(*_TRAINER).compile)
-    fit_signature = inspect.signature(_keras_compat.keras_class(*_TF_TRAINER).fit)
+    compile_signature = inspect.signature(compat.keras_class(*_TRAINER).compile)
+    fit_signature = inspect.signature(compat.keras_class(*_TF_TRAINER).fit)
 
     def compile_wrapper(original):
         # Patched on Keras' Trainer itself: Keras treats a Model whose compile
@@ -238,11 +255,7 @@ def _install_model_hooks() -> None:
             if strategy is None or _one_device(strategy):  # (one device: the fused update stays out of XLA)
                 return original(self, *args, **kwargs)
             bound = compile_signature.bind(self, *args, **kwargs)
-            if bound.arguments.get("jit_compile", "auto") is True:
-                raise ValueError(
-                    "tf_glp.Strategy does not support jit_compile=True: its host aggregation runs as native "
-                    "host ops outside XLA. Compile with jit_compile=False (or leave the default).")
-            bound.arguments["jit_compile"] = False
+            strategy._prepare_compile(bound.arguments)  # jit_compile: no XLA around the host ops
             return original(*bound.args, **bound.kwargs)
         return compile
 
@@ -252,25 +265,7 @@ def _install_model_hooks() -> None:
             if strategy is None:
                 return original(self, *args, **kwargs)
             bound = fit_signature.bind(self, *args, **kwargs)
-            batch = _global_batch(bound.arguments)
-            _check_global_batch(batch, strategy.num_replicas_in_sync)
-            if strategy.micro_batches:
-                micro_batches.check_fit(self, strategy, batch, _training_samples(bound.arguments))
-            if _keras_compat.in_multi_worker_mode(strategy):
-                strategy.extended.check_same_on_every_worker(
-                    [batch or 0], "the workers' global batch sizes differ ({low} to {high}; 0: not known before "
-                    "training): every worker must use the same global batch size.")
-            given = bound.arguments.get("callbacks")
-            callbacks = list(given or [])
-            if not isinstance(given, keras.callbacks.CallbackList):  # a CallbackList is the user's, whole
-                callbacks = [_upgraded(c) for c in callbacks]
-            if not chunking_decision.decide_without_measuring(strategy):
-                if not any(isinstance(c, chunking_decision.ChunkingDecision) for c in callbacks):
-                    callbacks.append(chunking_decision.ChunkingDecision(strategy))
-            if _one_device(strategy) and not strategy.optimizer_step_decided(self.optimizer):
-                callbacks.append(strategy.optimizer_step_decision())
-            if callbacks != list(given or []):
-                bound.arguments["callbacks"] = callbacks
+            strategy._prepare_fit(self, bound.arguments)  # checks; callbacks added or upgraded
             return original(*bound.args, **bound.kwargs)
         return fit
 
@@ -278,64 +273,30 @@ def _install_model_hooks() -> None:
     _wrap(_TF_TRAINER, "fit", fit_wrapper)
 
 
-def _install_micro_batch_hooks() -> None:
-    def train_step(original):
-        def train_step(self, data):
-            strategy = _glp_strategy(self)
-            if strategy is None or not strategy.micro_batches:
-                return original(self, data)
-            return micro_batches.train_step(self, data, strategy)
-        return train_step
+def install_micro_batch_wrappers(seed_next, batch_norm_moments, scale_for_distribution) -> None:
+    """Wraps what a micro-batched step changes (tf_glp/strategy/micro_batches.py
+    gives the wrappers, each a no-op outside such a step): Keras'
+    train_step (the strategy's own step under micro_batches=M),
+    SeedGenerator.next, BatchNormalization._moments and Keras'
+    (un)scale_loss_for_distribution. Once."""
+    global _micro_batch_wrappers_installed
+    install()
+    with _lock:
+        if _micro_batch_wrappers_installed:
+            return
 
-    _wrap(_TF_TRAINER, "train_step", train_step)
-    _wrap(_SEED_GENERATOR, "next", micro_batches.seed_next)
-    _wrap(_BATCH_NORMALIZATION, "_moments", micro_batches.batch_norm_moments)
-    _wrap(_LOSSES, "scale_loss_for_distribution",
-          lambda original: micro_batches.scale_for_distribution(original, inverse=False))
-    _wrap(_LOSSES, "unscale_loss_for_distribution",
-          lambda original: micro_batches.scale_for_distribution(original, inverse=True))
+        def train_step(original):
+            def train_step(self, data):
+                strategy = _glp_strategy(self)
+                if strategy is None or not strategy.micro_batches:
+                    return original(self, data)
+                return strategy._micro_batch_train_step(self, data)
+            return train_step
 
-
-def _upgraded(callback):
-    """A plain keras.callbacks.BackupAndRestore becomes tf_glp's, with the
-    same arguments: chief-only writes across workers, batch-level resume,
-    atomic backups (tf_glp/callbacks/backup_and_restore.py)."""
-    from tf_glp.callbacks.backup_and_restore import BackupAndRestore  # noqa: PLC0415 (imports Keras callbacks)
-
-    if type(callback) is keras.callbacks.BackupAndRestore:
-        return BackupAndRestore.from_keras(callback)
-    return callback
-
-
-def _global_batch(arguments: dict) -> int | None:
-    """fit's global batch size, where it can be known before training."""
-    x = arguments.get("x")
-    batch = arguments.get("batch_size")
-    if isinstance(x, tf.data.Dataset):
-        batch = _keras_compat.dataset_batch_size(x)
-    elif batch is None and (hasattr(x, "shape") or isinstance(x, (list, tuple, dict))):
-        batch = 32  # Keras' default batch size for arrays
-    return batch
-
-
-def _training_samples(arguments: dict) -> int | None:
-    """How many samples an epoch of fit trains on, for array inputs without
-    steps_per_epoch (Keras keeps the first floor(n * (1 - validation_split))
-    for training); None where that is not known before training."""
-    x = arguments.get("x")
-    first = tf.nest.flatten(x)[0] if isinstance(x, (list, tuple, dict)) and x else x
-    if arguments.get("steps_per_epoch") or isinstance(x, tf.data.Dataset) or not getattr(first, "shape", None):
-        return None
-    samples = int(first.shape[0])
-    split = arguments.get("validation_split") or 0.0
-    return int(math.floor(samples * (1.0 - split)))
-
-
-def _check_global_batch(batch: int | None, replicas: int) -> None:
-    """Each replica must get the same share of every full batch: otherwise
-    Keras' per-replica loss scaling weights samples unequally."""
-    if batch and batch % replicas:
-        raise ValueError(
-            f"tf_glp.Strategy: the global batch size {batch} does not divide by the {replicas} replicas, "
-            f"so replicas would get unequal shares and Keras would weight samples unequally. "
-            f"Use a multiple of {replicas}, e.g. {replicas * max(1, round(batch / replicas))}.")
+        _wrap(_TF_TRAINER, "train_step", train_step)
+        _wrap(_SEED_GENERATOR, "next", seed_next)
+        _wrap(_BATCH_NORMALIZATION, "_moments", batch_norm_moments)
+        _wrap(_LOSSES, "scale_loss_for_distribution", lambda original: scale_for_distribution(original, inverse=False))
+        _wrap(_LOSSES, "unscale_loss_for_distribution",
+              lambda original: scale_for_distribution(original, inverse=True))
+        _micro_batch_wrappers_installed = True

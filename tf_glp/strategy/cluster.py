@@ -1,0 +1,181 @@
+"""Joining a cluster of workers: TF_CONFIG or a cluster resolver read and
+checked, the coordination service configured, the start-up bounded.
+
+TensorFlow's own start-up waits for every worker without a limit and cannot
+be interrupted; a worker started with a wrong TF_CONFIG or a busy port would
+hang or fail with an error naming nothing. Here each of those is named, and
+the wait ends after TF_GLP_CLUSTER_TIMEOUT seconds (multi_worker.py starts
+the cluster through `start`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import tensorflow as tf
+
+from tf_glp._keras import compat
+
+# How long a worker waits for the others at start-up before it stops with a
+# message naming the silent ones (_bounded_start), and the coordination
+# service's timeouts. TF_GLP_CLUSTER_TIMEOUT (seconds) overrides it.
+DEFAULT_CLUSTER_TIMEOUT_S = 60
+
+
+def cluster_timeout_s() -> float:
+    text = os.environ.get("TF_GLP_CLUSTER_TIMEOUT", str(DEFAULT_CLUSTER_TIMEOUT_S))
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ValueError(f"TF_GLP_CLUSTER_TIMEOUT must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def check_tf_config(text: str) -> dict:
+    """Parses TF_CONFIG and checks what a worker needs from it, with an
+    error that names the problem (TensorFlow's own errors come later, and
+    some as hangs)."""
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"TF_CONFIG is not valid JSON ({error.msg} at character {error.pos}): {text!r}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
+        raise ValueError(f"TF_CONFIG must be a JSON object with a 'cluster' object, got {text!r}")
+    cluster, task = config["cluster"], config.get("task")
+    workers = [job for job in ("chief", "worker") if job in cluster]
+    if not workers:
+        raise ValueError(f"TF_CONFIG's cluster has no 'worker' or 'chief' job: {cluster!r}")
+    for job, addresses in cluster.items():
+        if not isinstance(addresses, list) or not addresses:
+            raise ValueError(f"TF_CONFIG's cluster job {job!r} must be a non-empty list of 'host:port', "
+                             f"got {addresses!r}")
+        for address in addresses:
+            host, _, port = str(address).rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"TF_CONFIG's cluster job {job!r} has an address {address!r} that is not "
+                                 f"'host:port' with a port in 1..65535")
+    if not isinstance(task, dict) or "type" not in task or "index" not in task:
+        raise ValueError(f"TF_CONFIG must have a 'task' with 'type' and 'index', got {task!r}")
+    if task["type"] not in cluster:
+        raise ValueError(f"TF_CONFIG's task type {task['type']!r} is not a job of the cluster "
+                         f"({', '.join(cluster)})")
+    index = task["index"]
+    if not isinstance(index, int) or not 0 <= index < len(cluster[task["type"]]):
+        raise ValueError(f"TF_CONFIG's task index {index!r} is out of range for job {task['type']!r} "
+                         f"with {len(cluster[task['type']])} tasks")
+    return config
+
+
+def resolve_cluster(cluster_resolver=None):
+    """The cluster this process belongs to: `cluster_resolver` if given,
+    else TF_CONFIG's when it names a cluster, else None (one machine)."""
+    if cluster_resolver is not None:
+        if not isinstance(cluster_resolver, tf.distribute.cluster_resolver.ClusterResolver):
+            raise ValueError(f"cluster_resolver must be a tf.distribute.cluster_resolver.ClusterResolver, "
+                             f"got {type(cluster_resolver).__name__}")
+        return cluster_resolver
+    text = os.environ.get("TF_CONFIG", "").strip()
+    if not text:
+        return None
+    check_tf_config(text)
+    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+
+
+def worker_count(cluster_resolver) -> int:
+    """How many workers (tasks of the "chief" and "worker" jobs) the cluster has."""
+    cluster_spec = compat.normalized_cluster_spec(cluster_resolver)
+    return sum(cluster_spec.num_tasks(job) for job in ("chief", "worker") if job in cluster_spec.jobs)
+
+
+def configure_coordination(cluster_resolver) -> None:
+    """Configures the coordination service as MultiWorkerMirroredStrategy
+    would, with TF_GLP_CLUSTER_TIMEOUT as its register, heartbeat and
+    shutdown timeouts. (In TensorFlow 2.21 the register timeout was seen not
+    to bound the start-up wait: _bounded_start does.)"""
+    compat.configure_coordination_service(cluster_resolver, int(cluster_timeout_s() * 1000))
+
+
+def _addresses(cluster_resolver) -> dict[tuple[str, int], str]:
+    """(job, index) -> "host:port" of every task in the cluster."""
+    return {(job, index): address
+            for job, tasks in cluster_resolver.cluster_spec().as_dict().items()
+            for index, address in (tasks.items() if isinstance(tasks, dict) else enumerate(tasks))}
+
+
+def _check_port_free(address: str) -> None:
+    host, _, port = address.rpartition(":")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As gRPC binds: a port left in TIME_WAIT by a previous run is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("" if host in ("localhost", "127.0.0.1", "0.0.0.0") else host, int(port)))
+        except OSError as error:
+            raise RuntimeError(f"tf_glp.Strategy: this worker's address {address} (from TF_CONFIG or the "
+                               f"cluster resolver) cannot be used: port {port} cannot be bound ({error.strerror}). "
+                               f"Free the port or give this worker another one.") from None
+
+
+# Run in a child process: TensorFlow's cluster start-up holds the GIL while it
+# waits, so no thread of this process could act.
+_WATCHDOG = """
+import json, os, select, signal, socket, sys
+parent, timeout_s, peers = int(sys.argv[1]), float(sys.argv[2]), json.loads(sys.argv[3])
+if select.select([sys.stdin], [], [], timeout_s)[0]:
+    sys.exit(0)  # the parent started (or died): its end of the pipe closed
+def reachable(address):
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1.0).close()
+        return True
+    except OSError:
+        return False
+silent = [a for a in peers if not reachable(a)]
+detail = ("no worker answers at " + ", ".join(silent) if silent else
+          "every worker's address answers, but not every worker joined (started with another TF_CONFIG cluster?)")
+sys.stderr.write("tf_glp.Strategy: the cluster did not start within %g s (TF_GLP_CLUSTER_TIMEOUT): %s. "
+                 "Start every worker with the same cluster and its own task index; stopping this worker.\\n"
+                 % (timeout_s, detail))
+sys.stderr.flush()
+os.kill(parent, signal.SIGKILL)
+"""
+
+
+@contextlib.contextmanager
+def _bounded_start(peers: list[str], timeout_s: float):
+    """Bounds TensorFlow's cluster start-up, which waits for every worker
+    without a limit and cannot be interrupted (it holds the GIL and ignores
+    SIGTERM while it waits): past `timeout_s`, a watchdog process prints
+    which workers did not answer and kills this one."""
+    watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(timeout_s),
+                                 json.dumps(peers)], stdin=subprocess.PIPE)
+    try:
+        yield
+    finally:
+        watchdog.stdin.close()
+        watchdog.wait()
+
+
+@contextlib.contextmanager
+def starting(cluster_resolver):
+    """Around TensorFlow's cluster start-up (the multi-worker extended
+    object's constructor): this worker's port checked, the coordination
+    service configured, the wait for the others bounded, a server that
+    cannot start named."""
+    addresses = _addresses(cluster_resolver)
+    own = addresses.get((cluster_resolver.task_type, cluster_resolver.task_id))
+    if own is not None:
+        _check_port_free(own)
+    configure_coordination(cluster_resolver)
+    with _bounded_start(sorted(set(addresses.values()) - {own}), cluster_timeout_s()):
+        try:
+            yield
+        except tf.errors.UnknownError as error:
+            raise RuntimeError(f"tf_glp.Strategy: this worker could not start its server at {own} "
+                               f"({error.message}); is the port in use?") from error
