@@ -40,7 +40,10 @@ case "${1:-}" in
     install
     shift
     native_tests
-    exec "$PY" -m pytest -q "$@"
+    # Two pytest processes (pytest-xdist), each test file whole in one of
+    # them (its module fixtures built once): much of the suite is Python
+    # tracing and process start-up, which one core runs at a time.
+    exec "$PY" -m pytest -q -n "${TF_GLP_TEST_PROCESSES:-2}" --dist loadfile "$@"
     ;;
   *)
     echo "usage: tools/dev.sh quickstart|test [extra args]" >&2

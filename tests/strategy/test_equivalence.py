@@ -67,13 +67,24 @@ CASES = [
 ]
 
 
+_REFERENCES: dict = {}
+
+
+def _mirrored_reference(n_replicas, optimizer_name):
+    """MirroredStrategy's weights, trained once per (replicas, optimizer)."""
+    key = (n_replicas, optimizer_name)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = train(mirrored(n_replicas), optimizer_name, n_replicas)
+    return _REFERENCES[key]
+
+
 @pytest.mark.parametrize("n_replicas,optimizer_name,update,chunking", CASES)
 def test_same_weights_as_mirrored_strategy(n_replicas, optimizer_name, update, chunking, monkeypatch):
     fused_calls = []
     original_apply = tf_glp.ops.FusedKerasUpdate.apply
     monkeypatch.setattr(tf_glp.ops.FusedKerasUpdate, "apply",
                         lambda self, *a, **k: fused_calls.append(1) or original_apply(self, *a, **k))
-    reference = train(mirrored(n_replicas), optimizer_name, n_replicas)
+    reference = _mirrored_reference(n_replicas, optimizer_name)
     ours = train(tf_glp.Strategy(_devices(n_replicas), update=update, chunking=chunking), optimizer_name, n_replicas)
     # The fused host update ran (at trace time, once per chunk) exactly when it should.
     assert bool(fused_calls) == (update == "host" and optimizer_name != "rmsprop")
