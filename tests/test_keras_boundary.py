@@ -282,7 +282,7 @@ def test_the_scan_fails_on_planted_reaches(tmp_path, foreign_and_contract, monke
 
 
 def _wing(module: str) -> str:
-    """tf_glp.strategy.hooks -> strategy; tf_glp.plan -> plan."""
+    """tf_glp.strategy.cluster -> strategy; tf_glp.plan -> plan."""
     return module.split(".")[1] if "." in module else module
 
 

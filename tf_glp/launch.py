@@ -59,7 +59,20 @@ def _pump(stream, prefix: str, out, lock: threading.Lock) -> None:
 def launch(workers: int, command: list[str], cpu_replicas: int | None = None,
            out=None, err=None, poll_s: float = 0.05, env: dict | None = None) -> int:
     """Runs `command` as `workers` workers; returns the exit status (see module
-    docstring). `env`: the workers' environment (default: this process's)."""
+    docstring).
+
+    Args:
+        workers: Number of workers.
+        command: The command each worker runs, as a list of arguments.
+        cpu_replicas: If set, TF_GLP_CPU_REPLICAS in every worker's
+            environment (default: None, not set).
+        out: Where the workers' standard output goes, line by line with
+            its prefix (default: None, sys.stdout).
+        err: Where their standard error and the launcher's messages go
+            (default: None, sys.stderr).
+        poll_s: Seconds between checks on the workers (default: 0.05).
+        env: The workers' environment (default: this process's).
+    """
     out, err = out or sys.stdout, err or sys.stderr
     ports = free_ports(workers)
     lock = threading.Lock()
@@ -122,6 +135,13 @@ def _stop(processes) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m tf_glp.launch` (see the module docstring); returns the exit
+    status.
+
+    Args:
+        argv: The command-line arguments, without the program name
+            (default: None, sys.argv[1:]).
+    """
     parser = argparse.ArgumentParser(prog="python -m tf_glp.launch",
                                      description="Run a training script as local TensorFlow workers.")
     parser.add_argument("--workers", type=int, required=True, help="number of workers (>= 1)")

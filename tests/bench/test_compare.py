@@ -14,17 +14,17 @@ from tf_glp.bench import compare
 
 def test_tiny_run_writes_report_json_and_plots(tmp_path):
     # (Every run is a process of its own, ~8 s: the stock multi-replica
-    # concepts are built in-process by the next test instead, and the lstm
-    # workload runs in the crash-retry test.)
+    # concepts, and plain Keras, are built in-process by the next test
+    # instead, and the lstm workload runs in the crash-retry test.)
     out = str(tmp_path / "out")
     assert compare.main(["--workload", "cnn", "--replicas", "1,2", "--steps", "3",
-                         "--concepts", "plain-keras,one-device,tf_glp-host", "--out", out]) == 0
+                         "--concepts", "one-device,tf_glp-host", "--out", out]) == 0
     report = open(os.path.join(out, "report.md")).read()
     results = json.load(open(os.path.join(out, "results.json")))
     assert sorted(p for p in os.listdir(out) if p.endswith(".png")) == sorted(
         f"cnn_{k}.png" for k in ("throughput", "efficiency", "loss"))
     assert results["machine"]["cores"] == os.cpu_count() and "tensorflow" in results["machine"]
-    assert len(results["runs"]) == 1 + 1 + 2
+    assert len(results["runs"]) == 1 + 2
     assert "plain-keras" in compare.DEFAULT_CONCEPTS  # the most common peer, in every default comparison
     for key, row in results["summary"].items():
         assert "steps_per_s" in row, (key, row.get("error"))

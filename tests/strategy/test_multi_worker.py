@@ -171,12 +171,14 @@ def _assert_bitwise_equal(result, reference, keys, where):
         np.testing.assert_array_equal(result[key], reference[key], err_msg=f"{where}: {key}")
 
 
-@pytest.mark.parametrize("mode", ["host", "replicas"])
-def test_micro_batched_workers_train_bitwise_like_one_replica(tmp_path, mode, micro_batched_on_one_replica):
+def test_micro_batched_workers_train_bitwise_like_one_replica(tmp_path, micro_batched_on_one_replica):
     """2 workers x 2 replicas = 1 x 1 with micro_batches=4: every variable
     (weights, batch statistics, seed generators, metrics), the optimizer's,
-    the metric results and the history, bit for bit, on both workers."""
-    status, output = _launch(tmp_path, "--update", mode, "--micro-batches", "4")
+    the metric results and the history, bit for bit, on both workers.
+    (update="replicas" here; update="host" on 2 workers runs in the restart
+    test below, whose end is bitwise the same only if its first 12 steps
+    were.)"""
+    status, output = _launch(tmp_path, "--update", "replicas", "--micro-batches", "4")
     assert status == 0, output
     reference = micro_batched_on_one_replica
     keys = [k for k in reference if k not in _EVALUATE_ONLY]

@@ -2,7 +2,7 @@
 tf_glp.Strategy, on one machine and across workers.
 
 Keras 3.15's `keras.callbacks.BackupAndRestore` (kept by its arguments and
-file names) falls short in three ways, each fixed here:
+file names) falls short in four ways, each fixed here:
 
 - Every worker writes the same files. Here only the chief writes
   `backup_dir`; the other workers still take part in the save (a save may
@@ -48,10 +48,12 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     Args:
         backup_dir: Folder for the backup (shared by the workers).
-        save_freq: "epoch" or a number of batches.
+        save_freq: "epoch" or a number of batches. Defaults to `"epoch"`.
         double_checkpoint: Accepted for compatibility; every backup is
             already atomic (the previous one stays until the new one is whole).
-        delete_checkpoint: Remove `backup_dir` when training ends.
+            Defaults to `False`.
+        delete_checkpoint: Remove `backup_dir` when training ends. Defaults
+            to `True`.
 
     Example:
         >>> model.fit(ds, epochs=3, callbacks=[tf_glp.callbacks.BackupAndRestore("/shared/backup", save_freq=50)])

@@ -27,20 +27,24 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
     Args:
         candidates: "auto" (lane counts up to the analytical cap, see
             tf_glp.profiling.concurrency_model) or a list of lane counts.
+            Default "auto".
         trials: Timed runs per candidate (after 1 untimed one); the median
-            counts.
+            counts. Default 5.
         plan_path: Where the plan is read from and written to (None: neither).
+            Default "glp_plan.json".
         log_dir: If set, TensorBoard summaries: the table as text, a
             per-layer chart as an image, the chosen levels as scalars.
+            Default None.
         convert: Also convert plain keras.layers.Conv2D / Dense (False: only
-            layers that are already tf_glp layers).
+            layers that are already tf_glp layers). Default True.
         verbose: 0 silent; 1 a progress bar while profiling and the table.
+            Default 1.
         batch_size: The global batch size given to fit() (default: the
             model's fixed batch size, else Keras' default of 32). Under a
             tf.distribute strategy each replica's share is profiled.
         strip_path: If set, at the end of training the model is saved there
             with plain Keras layers (tf_glp.layers.strip), for a machine
-            without tf_glp.
+            without tf_glp. Default None.
         optimizer_step: Also choose the optimizer's step (without a
             tf.distribute strategy, on the CPU, for SGD / Adam / AdamW):
             Keras' update or tf_glp's fused native one, whichever measures

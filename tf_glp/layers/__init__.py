@@ -153,12 +153,24 @@ def is_eligible(layer: keras.layers.Layer, include_keras_layers: bool = True) ->
     """Whether the concurrent ops can run `layer`: a tf_glp Conv2D / Dense,
     or (include_keras_layers) a plain keras.layers.Conv2D / Dense, that is
     built, computing in float32, float16 or bfloat16 (mixed precision),
-    channels_last, ungrouped, without LoRA or quantization."""
+    channels_last, ungrouped, without LoRA or quantization.
+
+    Args:
+        layer: The layer to check.
+        include_keras_layers: Also accept plain keras.layers.Conv2D / Dense
+            (False: only tf_glp's own layers). Default True.
+    """
     return why_not_eligible(layer, include_keras_layers) is None
 
 
 def why_not_eligible(layer: keras.layers.Layer, include_keras_layers: bool = True) -> str | None:
-    """Why the concurrent ops cannot run `layer` (see is_eligible), or None."""
+    """Why the concurrent ops cannot run `layer` (see is_eligible), or None.
+
+    Args:
+        layer: The layer to check.
+        include_keras_layers: Also accept plain keras.layers.Conv2D / Dense
+            (False: only tf_glp's own layers). Default True.
+    """
     kind = type(layer)
     if kind not in _PLAIN and kind not in _TWINS:
         twin = next((plain for plain in _TWINS if isinstance(layer, plain)), None)
@@ -263,7 +275,7 @@ def convert(
         model: A functional or Sequential Keras model.
         concurrency: Lanes for every converted layer (int 1..64, or None for
             TensorFlow's kernels), or a mapping from layer name to that;
-            layers missing from the mapping are not converted.
+            layers missing from the mapping are not converted. Default 1.
 
     Returns:
         The converted model.

@@ -100,10 +100,12 @@ def concurrent_conv2d(
         inputs: float32, float16 or bfloat16 [batch, height, width, in_channels].
         filters: [filter_height, filter_width, in_channels, out_channels], the
             dtype of `inputs`.
-        strides: An int or (height, width) pair, each >= 1.
+        strides: An int or (height, width) pair, each >= 1. Defaults to `1`.
         padding: "valid" or "same" (any case), as tf.nn.convolution.
-        dilations: An int or (height, width) pair, each >= 1.
-        concurrency: Number of lanes, 1..64.
+            Defaults to `"valid"`.
+        dilations: An int or (height, width) pair, each >= 1. Defaults to
+            `1`.
+        concurrency: Number of lanes, 1..64. Defaults to `1`.
 
     Returns:
         [batch, out_height, out_width, out_channels], the dtype of `inputs`.
@@ -173,8 +175,8 @@ def concurrent_matmul(
     Args:
         a: float32, float16 or bfloat16 [rows, inner].
         b: [inner, cols], or [cols, inner] when transpose_b; the dtype of `a`.
-        transpose_b: Multiply by b transposed.
-        concurrency: Number of lanes, 1..64.
+        transpose_b: Multiply by b transposed. Defaults to `False`.
+        concurrency: Number of lanes, 1..64. Defaults to `1`.
 
     Returns:
         [rows, cols], the dtype of `a`. Every element of the result and of both

@@ -32,14 +32,14 @@ def host_reduce(
     Args:
         tensors: A non-empty list of float32, bfloat16 or float16 tensors of
             one dtype and shape.
-        op: "sum" or "mean".
+        op: "sum" (default) or "mean".
         output_dtype: The input dtype (default) or tf.float32.
         divisor: Optional float32 scalar (op="sum" only): the float32 sum is
             divided by it, in the same pass (how Keras unscales loss-scaled
-            gradients).
+            gradients). Default None (no division).
         return_all_finite: Also return a boolean scalar that says whether
             every float32 result (after the division, before the cast to
-            output_dtype) is finite, checked in the same pass.
+            output_dtype) is finite, checked in the same pass. Default False.
 
     Returns:
         A tensor of the inputs' shape, placed on the host CPU; with

@@ -75,13 +75,13 @@ class FusedKerasUpdate:
     Args:
         optimizer: A keras.optimizers.SGD, Adam or AdamW for which
             `supports_fused_update` is true.
-        update_step_only: See `supports_fused_update`.
+        update_step_only: See `supports_fused_update`. Default False.
 
     Example:
         >>> opt = keras.optimizers.Adam(1e-3)
         >>> w = keras.Variable([1.0, 2.0])
         >>> opt.build([w])
-        >>> FusedKerasUpdate(opt).apply([[tf.ones(2), tf.ones(2)]], [w])
+        >>> tf_glp.ops.FusedKerasUpdate(opt).apply([[tf.ones(2), tf.ones(2)]], [w])
     """
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, *, update_step_only: bool = False):
@@ -98,6 +98,13 @@ class FusedKerasUpdate:
 
         Pass increment_iterations=False when the caller (Keras' own
         optimizer.apply) increments the optimizer's step counter itself.
+
+        Args:
+            grads_per_variable: For each variable, the list of its gradients
+                (one per replica; None entries are skipped).
+            variables: The variables to update.
+            increment_iterations: Increment `optimizer.iterations` after the
+                step. Default True.
         """
         opt = self.optimizer
         variables = list(variables)

@@ -197,7 +197,13 @@ def table(plan: Plan) -> str:
 def bar_chart(plan: Plan, width: int = 640, bar_height: int = 18):
     """A per-layer chart as an RGB uint8 array (numpy, no plotting library):
     for each layer a grey bar for the native kernel and a blue one for the
-    choice, lengths proportional to their time."""
+    choice, lengths proportional to their time.
+
+    Args:
+        plan: The plan to draw.
+        width: Image width in pixels. Defaults to `640`.
+        bar_height: Pixel rows per bar (2 of them a gap). Defaults to `18`.
+    """
     import numpy as np  # noqa: PLC0415
 
     rows = max(1, len(plan.layers))
@@ -238,6 +244,12 @@ def _plot(plan: Plan, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m tf_glp.plan show PATH [--plot PNG]`; returns the exit status.
+
+    Args:
+        argv: The command-line arguments, without the program name.
+            Defaults to `None` (sys.argv[1:]).
+    """
     parser = argparse.ArgumentParser(prog="python -m tf_glp.plan", description="Show a tf_glp concurrency plan.")
     sub = parser.add_subparsers(dest="command", required=True)
     show = sub.add_parser("show", help="print a plan's header and table")

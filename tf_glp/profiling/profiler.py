@@ -202,6 +202,24 @@ def profile(model: keras.Model, sample_batch, candidates="auto", trials: int = 5
     changing the model: each eligible layer timed at the batch size of
     `sample_batch` (an array, or a list/dict of arrays, for the model's inputs).
 
+    Args:
+        model: The Keras model; layers whose input shape is unknown (those
+            of a subclassed model) are left out, with a warning.
+        sample_batch: Inputs for the model; only their batch size is read.
+        candidates: "auto" (lane counts up to the analytical cap, see
+            tf_glp.profiling.concurrency_model) or a list of lane counts.
+            Defaults to `"auto"`.
+        trials: Timed runs per candidate (after 1 untimed one); the median
+            counts. Defaults to `5`.
+        plan_path: Where a matching plan is read from, and a new one written
+            to (None: neither). Defaults to `None`.
+        convert: Also profile plain keras.layers.Conv2D / Dense (False: only
+            layers that are already tf_glp layers). Defaults to `True`.
+        verbose: 0 silent; 1 a progress bar while profiling. Defaults to `0`.
+
+    Returns:
+        The plan (tf_glp.plan.Plan).
+
     Example:
         >>> plan = tf_glp.profile(model, x[:64])
         >>> print(tf_glp.plan.table(plan))

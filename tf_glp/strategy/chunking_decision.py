@@ -50,8 +50,9 @@ class ChunkingDecision(keras.callbacks.Callback):
     Args:
         strategy: The tf_glp.Strategy to decide for.
         timed_steps: Steps timed per candidate, after one untimed step that
-            traces the train function.
+            traces the train function. Defaults to `3`.
         min_gain: The smallest predicted relative gain worth one retrace.
+            Defaults to `0.03`.
 
     Example:
         >>> model.fit(x, y, callbacks=[ChunkingDecision(strategy, timed_steps=5)])

@@ -121,10 +121,10 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
     can run them while other gradients are still being computed.
 
     Args:
-        host_device: Where reductions run.
+        host_device: Where reductions run (default: "/cpu:0").
         compression: None, "bf16" or "fp16": float32 gradients (reductions
             inside `reducing_gradients()`) cross to the host in 16 bits and
-            are accumulated in float32.
+            are accumulated in float32 (default: None, no compression).
         chunk_plan: Called with the values' sizes in bytes, returns chunks of
             indices (default: every value its own chunk).
 

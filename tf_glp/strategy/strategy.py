@@ -77,12 +77,14 @@ class Strategy(tf.distribute.Strategy):
             device (or `cpu_replicas` logical CPU devices when given, or
             with micro_batches 2).
         update: "host" (optimizer runs once, on the host) or "replicas"
-            (every replica applies the host-summed gradients).
+            (every replica applies the host-summed gradients). Default:
+            "host".
         chunking: "auto" (decided at the start of the first fit: one chunk
             on CPU replicas, where chunking cannot help; on GPUs the cost
             model calibrated on the first steps, with at most one confirming
             retrace), "none" (one chunk), an int number of chunks, or a byte
             size such as "4MB" (10^6 bytes), "4MiB" (2^20) or "4194304".
+            Default: "auto".
         compression: None, "bf16" or "fp16": gradients (and nothing else:
             metrics and losses stay exact) cross to the host in 16 bits and
             are accumulated in float32 (results then differ from float32
@@ -90,6 +92,7 @@ class Strategy(tf.distribute.Strategy):
             beyond float16's range raises InvalidArgumentError, except in a
             loss-scaled step ('mixed_float16'): there it becomes inf, the
             step is skipped and the scale lowered, as loss scaling intends.
+            Default: None (no compression).
         cpu_replicas: Number of logical CPU replicas when there are no GPUs
             (default None: one device; TF_GLP_CPU_REPLICAS when set, as
             `python -m tf_glp.launch` sets it), or to force CPU replicas on a
