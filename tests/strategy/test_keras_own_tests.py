@@ -2,7 +2,8 @@
 with tf_glp.Strategy in place of MirroredStrategy (keras_tests_plugin.py),
 in both modes: every test that passes with stock MirroredStrategy passes
 with tf_glp.Strategy. Each run is a fresh process (Keras' tests reset
-TensorFlow's context and configure their own logical devices)."""
+TensorFlow's context and configure their own logical devices); the three
+runs go at once."""
 
 import os
 import pathlib
@@ -34,16 +35,23 @@ CANNOT_PASS: dict[str, str] = {
 }
 
 
-def _run(update: str, tmp_path) -> dict[str, str]:
-    """{test id: "passed" | "failed" | "skipped"} of one run."""
+def _start(update: str, tmp_path):
+    """Starts one run of Keras' tests ("stock", "host" or "replicas")."""
     report = tmp_path / f"{update}.xml"
     env = dict(os.environ, TF_GLP_KERAS_TESTS_UPDATE=update, KERAS_BACKEND="tensorflow",
                PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
-    outcomes = {}
     args = [sys.executable, "-m", "pytest", "-q", "-p", "keras_tests_plugin", "-p", "no:cacheprovider",
             f"--junitxml={report}", "--rootdir", str(KERAS_SRC), *FILES, *EXTRA]
-    result = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    assert report.exists(), result.stdout[-3000:] + result.stderr[-3000:]
+    process = subprocess.Popen(args, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    return process, report
+
+
+def _outcomes(process, report) -> dict[str, str]:
+    """{test id: "passed" | "failed: ..." | "skipped"} of one finished run."""
+    output, _ = process.communicate(timeout=900)
+    assert report.exists(), output[-6000:]
+    outcomes = {}
     for case in ElementTree.parse(report).getroot().iter("testcase"):
         module = case.get("classname").rsplit(".", 1)[0].rsplit(".", 1)[-1]
         name = f"{module}.py::{case.get('classname').split('.')[-1]}::{case.get('name')}"
@@ -58,8 +66,17 @@ def _run(update: str, tmp_path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def stock(tmp_path_factory):
-    outcomes = _run("stock", tmp_path_factory.mktemp("stock"))
+def runs(tmp_path_factory):
+    """The three runs (stock MirroredStrategy, tf_glp host, tf_glp
+    replicas), started together: much of each is Python start-up and
+    tracing, one core's work."""
+    started = {update: _start(update, tmp_path_factory.mktemp(update)) for update in ("stock", "host", "replicas")}
+    return {update: _outcomes(*run) for update, run in started.items()}
+
+
+@pytest.fixture(scope="module")
+def stock(runs):
+    outcomes = runs["stock"]
     passed = {name for name, outcome in outcomes.items() if outcome == "passed"}
     # Keras' files were found and run: the distribution tests themselves,
     # not an empty selection.
@@ -68,8 +85,8 @@ def stock(tmp_path_factory):
 
 
 @pytest.mark.parametrize("update", ["host", "replicas"])
-def test_keras_distribution_tests_pass_with_tf_glp(update, stock, tmp_path):
-    ours = _run(update, tmp_path)
+def test_keras_distribution_tests_pass_with_tf_glp(update, stock, runs):
+    ours = runs[update]
     failing = {name: ours.get(name, "not run") for name in stock
                if ours.get(name) != "passed" and name not in CANNOT_PASS}
     assert not failing, failing
