@@ -98,6 +98,7 @@ def _glp_strategy(obj):
 
 
 def install() -> None:
+    """Installs the wrappers (once; require_internals first)."""
     global _installed
     with _lock:
         if _installed:
