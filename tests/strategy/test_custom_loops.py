@@ -22,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 import tf_glp
+from tf_glp.ops.keras_fused import _FUSED_TYPES
 
 DEVICES = ["/cpu:0", "/cpu:1"]
 MODES = ["host", "replicas"]
@@ -189,11 +190,11 @@ def test_loss_scaled_custom_loop(name, update):
 
 
 # fit with a LossScaleOptimizer: the optimizers whose step takes another
-# path under tf_glp (the fused host update: SGD, Adam, AdamW; Keras' own on
+# path under tf_glp (the fused host update: those tf_glp fuses; Keras' own on
 # the host: RMSprop; a build that writes: ScheduleFreeAdamW). Every
 # optimizer goes through fit in test_drop_in.py and through the loss-scaled
 # step in the custom loop above.
-LOSS_SCALED_FIT = ["Adam", "AdamW", "RMSprop", "SGD", "ScheduleFreeAdamW"]
+LOSS_SCALED_FIT = sorted({cls.__name__ for cls in _FUSED_TYPES} | {"RMSprop", "ScheduleFreeAdamW"})
 
 
 @pytest.mark.parametrize("update", MODES)
