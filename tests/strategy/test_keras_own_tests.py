@@ -2,8 +2,8 @@
 with tf_glp.Strategy in place of MirroredStrategy (keras_tests_plugin.py),
 in both modes: every test that passes with stock MirroredStrategy passes
 with tf_glp.Strategy. Each run is a fresh process (Keras' tests reset
-TensorFlow's context and configure their own logical devices); the three
-runs go at once."""
+TensorFlow's context and configure their own logical devices); tf_glp's two
+go at once, stock's only when tf_glp failed a test."""
 
 import os
 import pathlib
@@ -67,28 +67,39 @@ def _outcomes(process, report) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The three runs (stock MirroredStrategy, tf_glp host, tf_glp
-    replicas), started together: much of each is Python start-up and
-    tracing, one core's work."""
-    started = {update: _start(update, tmp_path_factory.mktemp(update)) for update in ("stock", "host", "replicas")}
+    """tf_glp's two runs, started together (much of each is Python start-up
+    and tracing, one core's work); stock MirroredStrategy's run only when
+    one of them failed a test (see `stock_passes`)."""
+    started = {update: _start(update, tmp_path_factory.mktemp(update)) for update in ("host", "replicas")}
     return {update: _outcomes(*run) for update, run in started.items()}
 
 
 @pytest.fixture(scope="module")
-def stock(runs):
-    outcomes = runs["stock"]
-    passed = {name for name, outcome in outcomes.items() if outcome == "passed"}
-    # Keras' files were found and run: the distribution tests themselves,
-    # not an empty selection.
-    assert len(passed) >= 15, outcomes
-    return passed
+def stock_passes(tmp_path_factory):
+    """The tests stock MirroredStrategy passes, run once when first asked."""
+    passed = []
+
+    def passes(name: str) -> bool:
+        if not passed:
+            outcomes = _outcomes(*_start("stock", tmp_path_factory.mktemp("stock")))
+            passed.append({n for n, outcome in outcomes.items() if outcome == "passed"})
+        return name in passed[0]
+
+    return passes
 
 
 @pytest.mark.parametrize("update", ["host", "replicas"])
-def test_keras_distribution_tests_pass_with_tf_glp(update, stock, runs):
+def test_keras_distribution_tests_pass_with_tf_glp(update, runs, stock_passes):
     ours = runs[update]
-    failing = {name: ours.get(name, "not run") for name in stock
-               if ours.get(name) != "passed" and name not in CANNOT_PASS}
+    # Keras' files were found and run: the distribution tests themselves,
+    # not an empty selection.
+    assert sum(outcome == "passed" for outcome in ours.values()) >= 15, ours
+    # Every test stock MirroredStrategy passes passes with tf_glp (stock runs
+    # only if tf_glp failed one: a test failing on both is Keras' own). A
+    # skip is the test's own decision about this machine (today: "tf_keras
+    # not installed"), taken before any strategy runs.
+    failing = {name: outcome for name, outcome in ours.items()
+               if outcome.startswith("failed") and name not in CANNOT_PASS and stock_passes(name)}
     assert not failing, failing
     # Each listed exception still exists in the installed Keras (else the
     # list is stale and must shrink).

@@ -123,6 +123,11 @@ def test_the_saved_model_predicts_what_the_trained_one_predicts(two_workers):
 
 def test_killed_worker_resumes_from_the_backup_and_ends_where_the_uninterrupted_run_ends(tmp_path, update,
                                                                                         two_workers):
+    """update="replicas" here (whose optimizer state is per replica);
+    update="host"'s backups, killed on 2 workers, resume in the micro-batched
+    restart test below."""
+    if update == "host":
+        pytest.skip("update='host' is killed and resumed in the micro-batched restart test")
     backup, scratch = tmp_path / "backup", tmp_path / "tmp"
     scratch.mkdir()
     env = _env(TMPDIR=str(scratch))
