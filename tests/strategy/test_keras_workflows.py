@@ -114,7 +114,7 @@ def test_backup_and_restore_resumes_mid_epoch_at_the_batch(update, tmp_path):
 
 class TestErrors:
     def test_bad_arguments(self):
-        with pytest.raises(ValueError, match="update must be 'host' or 'replicas', got 'gpu'"):
+        with pytest.raises(ValueError, match="update must be 'host', 'replicas' or 'auto', got 'gpu'"):
             tf_glp.Strategy(update="gpu")
         with pytest.raises(ValueError, match="chunking"):
             tf_glp.Strategy(cpu_replicas=2, chunking=0)

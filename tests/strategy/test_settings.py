@@ -27,7 +27,7 @@ def test_a_class_constructed_directly_implies_its_update():
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    (dict(update="gpu"), "update must be 'host' or 'replicas', got 'gpu'"),
+    (dict(update="gpu"), "update must be 'host', 'replicas' or 'auto', got 'gpu'"),
     (dict(devices=DEVICES, cpu_replicas=2), "pass either devices or cpu_replicas, not both"),
     (dict(devices=[]), "devices must not be empty"),
 ])

@@ -75,6 +75,9 @@ INTERNALS = {
      "_in_multi_worker_mode"): "whether a strategy spans workers (in_multi_worker_mode)",
     ("tensorflow.python.distribute.cross_device_ops", "CrossDeviceOps", "_gather"):
         "gathers across workers stay TensorFlow's (gather)",
+    ("keras.src.trainers.trainer", "Trainer", "_symbolic_build"):
+        "the model, its metrics and optimizer built as fit builds them, before update='auto' measures "
+        "(symbolic_build)",
     ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "_maybe_symbolic_build"):
         "its multi-worker bug is worked around in MultiWorker*Strategy.reduce (strategy.py)",
     ("keras.src.callbacks.backup_and_restore", "BackupAndRestore", "_should_save_on_batch"):
@@ -304,6 +307,12 @@ def last_batch_seen(callback) -> int:
 
 
 # -- data and strategies --------------------------------------------------------
+def symbolic_build(model, data_batch) -> None:
+    """Builds the model, its compiled metrics and loss and its optimizer as
+    fit does before its first step (from one batch's shapes)."""
+    model._symbolic_build(data_batch=data_batch)  # noqa: SLF001
+
+
 def dataset_batch_size(dataset) -> int | None:
     """The static batch size of a batched tf.data.Dataset, if it has one."""
     spec = dataset.element_spec

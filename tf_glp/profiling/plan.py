@@ -150,12 +150,18 @@ def read(path: str) -> Plan:
 
 def write(plan: Plan, path: str) -> None:
     """Writes atomically: a reader sees the old plan or the new one, never half."""
+    write_json(path, plan.to_json())
+
+
+def write_json(path: str, data) -> None:
+    """Writes `data` as JSON to `path` atomically (a reader sees the old
+    file or the new one, never half)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=".glp_plan.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(handle, "w") as f:
-            json.dump(plan.to_json(), f, indent=1)
+            json.dump(data, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, path)

@@ -10,6 +10,8 @@ fit patch in tf_glp/_keras/patches.py through Strategy._prepare_fit).
   writes across workers, batch-level resume;
   tf_glp/callbacks/backup_and_restore.py).
 - On one device, the optimizer step's decision (one_device.py).
+- update="auto" decides its concept, before fit builds anything
+  (update_choice.py).
 """
 
 from __future__ import annotations
@@ -34,8 +36,11 @@ def prepare(model, strategy, arguments: dict) -> None:
         strategy.extended.check_same_on_every_worker(
             [batch or 0], "the workers' global batch sizes differ ({low} to {high}; 0: not known before "
             "training): every worker must use the same global batch size.")
+    announce = strategy._prepare_update(model, arguments, batch)
     given = arguments.get("callbacks")
     callbacks = list(given or [])
+    if announce is not None:
+        callbacks.append(announce)
     if not isinstance(given, keras.callbacks.CallbackList):  # a CallbackList is the user's, whole
         callbacks = [_upgraded(c) for c in callbacks]
     if not chunking_decision.decide_without_measuring(strategy):

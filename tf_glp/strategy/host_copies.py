@@ -65,8 +65,11 @@ class HostUpdateExtended:
     of the module docstring. Call `_init_host_update(host_device)` in
     `__init__`."""
 
-    def _init_host_update(self, host_device: str) -> None:
+    def _init_host_update(self, host_device: str, on_host=None) -> None:
+        """`on_host()` says whether the optimizer state and step are on the
+        host now (update="auto" switches concepts; default: always)."""
         self._glp_host_device = host_device
+        self._glp_on_host = on_host or (lambda: True)
         self._glp_masters: dict[int, tf.Variable] = {}
         self._glp_pending: list | None = None  # variables to copy when the host update ends
         self._glp_lock = threading.RLock()
@@ -80,7 +83,7 @@ class HostUpdateExtended:
     def _create_variable(self, next_creator, **kwargs):
         if self._glp_creating_host_copy:
             return next_creator(**kwargs)
-        if not compat.creating_optimizer_variable():
+        if not self._glp_on_host() or not compat.creating_optimizer_variable():
             return super()._create_variable(next_creator, **kwargs)
         kwargs.pop("colocate_with", None)
         kwargs["initial_value"] = self._host_initial_value(kwargs)
@@ -200,6 +203,8 @@ class HostUpdateExtended:
 
     # -- updates ------------------------------------------------------------
     def _update(self, var, fn, args, kwargs, group):
+        if not self._glp_on_host():
+            return super()._update(var, fn, args, kwargs, group)
         if compat.is_distributed_variable(var):
             if not self.has_host_copy(var):
                 return super()._update(var, fn, args, kwargs, group)
@@ -232,6 +237,6 @@ class HostMirroredExtended(HostUpdateExtended, compat.mirrored_extended_class())
     """MirroredStrategy's extended object with the host homes and updates
     of update="host" on one machine (see the module docstring)."""
 
-    def __init__(self, container_strategy, devices, cross_device_ops, host_device: str):
+    def __init__(self, container_strategy, devices, cross_device_ops, host_device: str, on_host=None):
         super().__init__(container_strategy, devices=devices, cross_device_ops=cross_device_ops)
-        self._init_host_update(host_device)
+        self._init_host_update(host_device, on_host)

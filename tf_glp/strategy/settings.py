@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-UPDATES = ("host", "replicas")
+UPDATES = ("host", "replicas", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,10 +32,11 @@ class Settings:
     cpu_replicas: int | None = None
     cluster_resolver: Any = None
     micro_batches: int | None = None
+    plan_path: str | None = "glp_strategy_plan.json"
 
     def __post_init__(self):
         if self.update not in UPDATES:
-            raise ValueError(f"update must be 'host' or 'replicas', got {self.update!r}")
+            raise ValueError(f"update must be 'host', 'replicas' or 'auto', got {self.update!r}")
         if self.devices is not None:
             if self.cpu_replicas is not None:
                 raise ValueError("pass either devices or cpu_replicas, not both")

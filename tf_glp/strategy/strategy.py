@@ -45,7 +45,7 @@ from tf_glp.ops.keras_fused import changes_gradients
 from tf_glp.strategy import chunking as chunking_lib
 from tf_glp.strategy import cluster as cluster_lib, cost_model, devices as devices_lib, fit_setup, multi_worker
 from tf_glp.strategy import micro_batches as micro_batches_lib, no_xla
-from tf_glp.strategy import one_device
+from tf_glp.strategy import one_device, update_choice
 from tf_glp.strategy.settings import Settings
 from tf_glp.strategy.cross_device_ops import (
     HostCrossDeviceOps,
@@ -76,8 +76,12 @@ class Strategy(tf.distribute.Strategy):
         devices: Compute devices. Default: all GPUs; without GPUs, one
             device (or `cpu_replicas` logical CPU devices when given, or
             with micro_batches 2).
-        update: "host" (optimizer runs once, on the host) or "replicas"
-            (every replica applies the host-summed gradients). Default:
+        update: "host" (optimizer runs once, on the host), "replicas"
+            (every replica applies the host-summed gradients) or "auto"
+            (at the start of the first fit, "host", "replicas" and
+            TensorFlow's own all-reduce each run a few steps on the model
+            and its first batch; the fastest beyond the spread is kept:
+            update_choice.py; across workers "auto" runs "host"). Default:
             "host".
         chunking: "auto" (decided at the start of the first fit: one chunk
             on CPU replicas, where chunking cannot help; on GPUs the cost
@@ -110,6 +114,9 @@ class Strategy(tf.distribute.Strategy):
             `python -m tf_glp.launch` sets it). Across workers, each
             worker's host sums its replicas and the workers' sums meet in
             TensorFlow's collective all-reduce (multi_worker.py).
+        plan_path: Where update="auto" reads and writes its choice (reused
+            by a run with the same model, optimizer, devices and batch);
+            None: neither. Default: "glp_strategy_plan.json".
 
     Raises:
         ValueError: for an unknown update, chunking or compression, or a
@@ -127,17 +134,19 @@ class Strategy(tf.distribute.Strategy):
     """
 
     def __new__(cls, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None,
-                cluster_resolver=None, micro_batches=None):
+                cluster_resolver=None, micro_batches=None, plan_path: str | None = "glp_strategy_plan.json"):
         # A concrete class constructed directly (HostStrategy(...)) implies its update.
         update = cls._update_mode or update
-        settings = Settings(devices, update, chunking, compression, cpu_replicas, cluster_resolver, micro_batches)
+        settings = Settings(devices, update, chunking, compression, cpu_replicas, cluster_resolver, micro_batches,
+                            plan_path)
         if cls is Strategy:
             if cluster_lib.resolve_cluster(cluster_resolver) is not None:
-                cls = MultiWorkerHostStrategy if update == "host" else MultiWorkerReplicaStrategy
+                # (update="auto" across workers: "host", not measured yet; explain() says so.)
+                cls = MultiWorkerReplicaStrategy if update == "replicas" else MultiWorkerHostStrategy
             elif micro_batches is None and devices_lib.trains_on_one_device(devices, cpu_replicas):
                 cls = SingleDeviceStrategy
             else:
-                cls = HostStrategy if update == "host" else ReplicaStrategy
+                cls = {"host": HostStrategy, "replicas": ReplicaStrategy, "auto": AutoStrategy}[update]
         strategy = object.__new__(cls)
         strategy.settings = settings
         return strategy
@@ -180,13 +189,18 @@ class Strategy(tf.distribute.Strategy):
         """Called by the fit patch with fit's bound arguments (fit_setup.py)."""
         fit_setup.prepare(model, self, arguments)
 
+    def _prepare_update(self, model, arguments: dict, batch: int | None) -> keras.callbacks.Callback | None:
+        """Called by fit_setup before fit builds anything: update="auto"
+        decides its concept (AutoStrategy); returns a callback for fit or None."""
+        return None
+
     def _micro_batch_train_step(self, model, data):
         """Keras' train_step under micro_batches=M (micro_batches.py)."""
         return micro_batches_lib.train_step(model, data, self)
 
     @property
     def update(self) -> str:
-        """"host" or "replicas" (see the class docstring)."""
+        """"host", "replicas" or "auto" (see the class docstring)."""
         return self.settings.update
 
     @property
@@ -234,6 +248,8 @@ class Strategy(tf.distribute.Strategy):
                          f"of the first fit)")
         else:
             lines.extend(self.chunking_state.explain_lines())
+        if self.settings.update == "auto" and self._update_mode != "auto":
+            lines.append("  update='auto' -> 'host': across workers the concept is not measured yet")
         if not self.uses_gpus():
             lines.append(f"  cost: {len(self.extended.worker_devices)} logical CPU replicas share the host's cores, so "
                          f"they add no compute, only tf.distribute's fixed cost per step (1-2 ms on a tiny model "
@@ -259,10 +275,7 @@ class Strategy(tf.distribute.Strategy):
             grads = list(grads)
             keras_variables = list(variables) if variables is not None else compat.built_variables(optimizer)
             if not self._takes_unsummed(optimizer, keras_variables, loss_scaled):
-                # An fp16 overflow in a loss-scaled step becomes inf and
-                # skips the step, as loss scaling intends, instead of raising.
-                grads = self._host_ops.reduce_to_host(grads, gradients=True,
-                                                      overflow="propagate" if loss_scaled else "raise")
+                grads = self._sum_gradients(grads, loss_scaled)
             with self._optimizer_step(optimizer, keras_variables):
                 run(grads, variables)
 
@@ -270,6 +283,12 @@ class Strategy(tf.distribute.Strategy):
         # outside the replicas' function, reaches the merge as one value and
         # is counted once, as in stock MirroredStrategy's all-reduce.)
         tf.distribute.get_replica_context().merge_call(merge_fn, args=(list(grads),))
+
+    def _sum_gradients(self, grads: list, loss_scaled: bool) -> list:
+        """The replicas' gradients summed on the host."""
+        # An fp16 overflow in a loss-scaled step becomes inf and skips the
+        # step, as loss scaling intends, instead of raising.
+        return self._host_ops.reduce_to_host(grads, gradients=True, overflow="propagate" if loss_scaled else "raise")
 
     def _build_outside_the_trace(self, optimizer, variables) -> None:
         """Builds an optimizer met unbuilt in the replicas' step (a custom
@@ -436,6 +455,63 @@ class HostStrategy(_HostUpdate, Strategy, tf.distribute.MirroredStrategy):
     def __init__(self, *args, **kwargs):  # Strategy's arguments, kept in self.settings by Strategy.__new__
         devices = self._glp_setup()
         tf.distribute.Strategy.__init__(self, HostMirroredExtended(self, devices, self._host_ops, HOST_DEVICE))
+
+
+class AutoStrategy(_HostUpdate, Strategy, tf.distribute.MirroredStrategy):
+    """tf_glp.Strategy with update="auto" (update_choice.py): one strategy
+    whose concept ("host", "replicas" or TensorFlow's "all-reduce") is chosen
+    at the start of the first fit. Until then, and for an optimizer built
+    before it, "host". The concept in use is `concept`."""
+
+    _update_mode = "auto"
+
+    def __init__(self, *args, **kwargs):  # Strategy's arguments, kept in self.settings by Strategy.__new__
+        devices = self._glp_setup()
+        self.update_choice = update_choice.UpdateChoice()
+        # TensorFlow's own all-reduce, as MirroredStrategy picks it.
+        gpus = all("gpu" in d.lower() for d in devices)
+        self._all_reduce = tf.distribute.NcclAllReduce() if gpus else tf.distribute.ReductionToOneDevice()
+        if self.micro_batches:
+            self.update_choice.decide("host", "micro_batches: the concept whose micro-batched result is kept bitwise "
+                                              "(not measured)")
+        tf.distribute.Strategy.__init__(self, HostMirroredExtended(self, devices, self._host_ops, HOST_DEVICE,
+                                                                   on_host=lambda: self.concept == "host"))
+
+    @property
+    def concept(self) -> str:
+        """The update concept in use: "host", "replicas" or "all-reduce"."""
+        return self.update_choice.concept
+
+    def _prepare_update(self, model, arguments: dict, batch: int | None):
+        choice = self.update_choice
+        if choice.decided or model.optimizer is None:
+            return None
+        update_choice.decide(self, model, arguments, batch)
+        return update_choice.AnnounceChoice(choice) if arguments.get("verbose", "auto") != 0 else None
+
+    def _optimizer_step(self, optimizer, variables):
+        return super()._optimizer_step(optimizer, variables) if self.concept == "host" else contextlib.nullcontext()
+
+    def _fuses_update(self, optimizer, variables) -> bool:
+        return self.concept == "host" and super()._fuses_update(optimizer, variables)
+
+    def _sum_gradients(self, grads: list, loss_scaled: bool) -> list:
+        if self.concept != "all-reduce":
+            return super()._sum_gradients(grads, loss_scaled)
+        # MirroredStrategy's concept: TensorFlow sums the replicas' gradients
+        # onto every replica (a gradient that is one tensor shared by every
+        # replica passes as it is, counted once).
+        grads = list(grads)
+        distributed = [i for i, g in enumerate(grads) if isinstance(g, tf.distribute.DistributedValues)]
+        summed = self._all_reduce.batch_reduce(tf.distribute.ReduceOp.SUM, [(grads[i], grads[i]) for i in distributed])
+        for i, total in zip(distributed, summed):
+            grads[i] = total
+        return grads
+
+    def explain(self) -> str:
+        """Strategy.explain(), with the update choice and its times."""
+        lines = super().explain().split("\n")
+        return "\n".join([lines[0], f"  {self.update_choice.line()}", *lines[1:]])
 
 
 class ReplicaStrategy(Strategy, tf.distribute.MirroredStrategy):

@@ -1,0 +1,171 @@
+"""tf_glp.Strategy(update="auto"): the update concept chosen at the start of
+the first fit (tf_glp/strategy/update_choice.py).
+
+The clock is injected, so the choice is deterministic; the measurement
+leaves no trace (a run under the chosen concept is bitwise the run with
+that concept named); the plan file is reused, and a corrupt or foreign one
+measured again with a warning."""
+
+import json
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_glp
+from tf_glp.strategy import update_choice
+from tf_glp.strategy.strategy import AutoStrategy
+
+L = keras.layers
+DEVICES = ["/cpu:0", "/cpu:1"]
+BATCH = 32
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4 * BATCH, 6)).astype("float32")
+    return x, (x[:, :3].sum(1) > x[:, 3:].sum(1)).astype("int32")
+
+
+def _fake_clock(ms_per_step: dict[str, float], calls: list | None = None):
+    """A clock under which each candidate's steps take the given times:
+    the measurement reads it twice per candidate per round, candidates in
+    CANDIDATES order."""
+    names = list(ms_per_step)
+    state = {"now": 0.0, "reads": 0}
+
+    def clock():
+        if calls is not None:
+            calls.append(1)
+        reads = state["reads"]
+        state["reads"] += 1
+        if reads % 2:  # the end of a candidate's round
+            state["now"] += ms_per_step[names[(reads // 2) % len(names)]] * 4 / 1e3
+        return state["now"]
+
+    return clock
+
+
+def _strategy(update="auto", clock=None, **kwargs):
+    strategy = tf_glp.Strategy(DEVICES, update=update, **kwargs)
+    if clock is not None:
+        strategy.update_choice.clock = clock
+    return strategy
+
+
+def _train(strategy, optimizer=lambda: keras.optimizers.Adam(1e-2), epochs=2):
+    keras.utils.set_random_seed(3)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), L.Dense(16, activation="relu"), L.BatchNormalization(),
+                                  L.Dropout(0.3), L.Dense(2)])
+        model.compile(optimizer=optimizer(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    history = model.fit(*_data(), batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0).history
+    return model, history
+
+
+def _state(model):
+    return [(v.path, v.numpy()) for v in model.variables + model.optimizer.variables]
+
+
+def test_choose_keeps_host_unless_another_is_faster_beyond_the_spread():
+    host = [10.0, 10.5, 11.0, 10.2, 10.8]
+    assert update_choice.choose({"host": host, "replicas": [9.8, 10.1, 10.4, 9.9, 10.3]})[0] == "host"
+    concept, why = update_choice.choose({"host": host, "replicas": [8.0, 8.2, 8.1, 7.9, 8.3],
+                                         "all-reduce": [6.0, 6.5, 6.1, 6.2, 6.4]})
+    assert concept == "all-reduce" and "faster than 'host', beyond the spread" in why
+    # Faster by the median but inside host's spread: host stays.
+    assert update_choice.choose({"host": [5.0, 10.0, 15.0, 20.0], "replicas": [6.0, 7.0, 8.0, 16.0]})[0] == "host"
+
+
+@pytest.mark.parametrize("fastest", ["host", "replicas", "all-reduce"])
+def test_the_measured_choice_trains_bitwise_like_that_concept(fastest, exact_arithmetic, tmp_path):
+    times = {name: (1.0 if name == fastest else 3.0) for name in update_choice.CANDIDATES}
+    strategy = _strategy(clock=_fake_clock(times), plan_path=str(tmp_path / "plan.json"))
+    assert isinstance(strategy, AutoStrategy) and strategy.concept == "host"
+    model, history = _train(strategy, epochs=1)
+    assert strategy.concept == fastest and strategy.update_choice.source == "measured"
+    assert f"update='auto' -> {fastest!r}" in strategy.explain()
+    assert sorted(strategy.update_choice.times_ms) == sorted(update_choice.CANDIDATES)
+    # The optimizer's state lives where the concept puts it.
+    kind = type(model.optimizer.variables[-1].value).__name__
+    assert kind == ("ResourceVariable" if fastest == "host" else "MirroredVariable"), kind
+    # The measurement left no trace: the same bits as the concept named
+    # (the all-reduce concept is MirroredStrategy's).
+    named = (tf.distribute.MirroredStrategy(DEVICES) if fastest == "all-reduce"
+             else tf_glp.Strategy(DEVICES, update=fastest))
+    reference, reference_history = _train(named, epochs=1)
+    for (path, a), (_, b) in zip(_state(model), _state(reference), strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=path)
+    assert history == reference_history
+
+
+def test_the_plan_is_reused_and_a_corrupt_or_foreign_one_measured_again(tmp_path):
+    plan = tmp_path / "plan.json"
+    _train(_strategy(clock=_fake_clock({"host": 3.0, "replicas": 1.0, "all-reduce": 3.0}), plan_path=str(plan)),
+           epochs=1)
+    assert json.loads(plan.read_text())["choice"] == "replicas"
+
+    calls = []
+    reused = _strategy(clock=_fake_clock({"host": 1.0, "replicas": 3.0, "all-reduce": 3.0}, calls),
+                       plan_path=str(plan))
+    _train(reused, epochs=1)
+    assert reused.concept == "replicas" and not calls  # not measured again
+    assert f"(reused {plan})" in reused.explain()
+
+    key = json.loads(plan.read_text())["key"]
+    plan.write_text("{not json")
+    with pytest.warns(UserWarning, match="is not a readable plan"):
+        assert update_choice.read_plan(str(plan), key) is None
+    # Foreign: written for another batch size; measured again, rewritten.
+    plan.write_text(json.dumps({"key": dict(key, global_batch=2 * BATCH), "choice": "replicas"}))
+    again = _strategy(clock=_fake_clock({"host": 1.0, "replicas": 3.0, "all-reduce": 3.0}), plan_path=str(plan))
+    with pytest.warns(UserWarning, match="was written for another model, machine or setting"):
+        _train(again, epochs=1)
+    assert again.concept == "host" and again.update_choice.source == "measured"
+    assert json.loads(plan.read_text())["choice"] == "host"
+
+
+def test_what_is_not_measured_says_why(tmp_path):
+    never = _fake_clock({"host": 1.0}, calls := [])
+    # micro_batches: the concept that keeps the micro-batched result bitwise.
+    micro = _strategy(clock=never, micro_batches=2, plan_path=None)
+    _train(micro, epochs=1)
+    assert micro.concept == "host" and "micro_batches" in micro.explain()
+    # A Python generator cannot be read twice.
+    generated = _strategy(clock=never, plan_path=None)
+    with generated.scope():
+        model = keras.Sequential([keras.Input((6,)), L.Dense(2)])
+        model.compile(optimizer="sgd", loss="mse")
+    x, y = _data()
+
+    def batches():
+        while True:
+            yield x[:BATCH], np.eye(2, dtype="float32")[y[:BATCH]]
+
+    model.fit(batches(), steps_per_epoch=2, verbose=0)
+    assert generated.concept == "host" and "cannot be read twice" in generated.explain()
+    assert not calls
+
+
+def test_update_auto_without_replicas_is_one_device_and_a_bad_update_is_named(monkeypatch):
+    monkeypatch.delenv("TF_GLP_CPU_REPLICAS", raising=False)
+    assert type(tf_glp.Strategy(update="auto")).__name__ == "SingleDeviceStrategy"
+    with pytest.raises(ValueError, match="update must be 'host', 'replicas' or 'auto', got 'fastest'"):
+        tf_glp.Strategy(DEVICES, update="fastest")
+
+
+def test_fit_prints_the_choice_in_one_line(tmp_path, capsys):
+    strategy = _strategy(clock=_fake_clock({"host": 1.0, "replicas": 3.0, "all-reduce": 3.0}), plan_path=None)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), L.Dense(2)])
+        model.compile(optimizer="adam", loss="mse")
+    x, y = _data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(x, np.eye(2, dtype="float32")[y], batch_size=BATCH, epochs=1, verbose=2)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "update='auto'" in line]
+    assert lines == ["tf_glp.Strategy: " + strategy.update_choice.line()]
+    assert "ms per step, medians: host 1.00, replicas 3.00, all-reduce 3.00" in lines[0]

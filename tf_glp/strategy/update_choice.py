@@ -1,0 +1,283 @@
+"""update="auto": the update concept chosen at the start of the first fit, by
+measuring each candidate on the user's model and batch.
+
+The candidates compute the same update up to the order of a sum:
+
+- "host": the host sums the replicas' gradients and runs the optimizer step
+  once, on the host (host_copies.py), then copies the weights out;
+- "replicas": the host sums, every replica applies the sum with its own
+  optimizer state;
+- "all-reduce": TensorFlow's own all-reduce (NCCL on GPUs; on CPU devices
+  what MirroredStrategy uses, a reduction to one device), every replica
+  applies the sum: MirroredStrategy's concept.
+
+How (before Keras' fit traces anything): every model variable's value is
+kept (each replica's copy: batch statistics differ per replica); for each
+candidate a scratch copy of the user's optimizer is built under that
+concept and fit's train function is traced with it; the candidates then run
+interleaved rounds of a few steps on the user's first batch (this machine's
+speed drifts by phases of seconds: interleaving keeps a drift from deciding).
+The default ("host") stays unless another candidate is faster beyond the
+spread (its upper quartile below host's lower quartile, and at least
+MIN_GAIN faster by the medians). Then every variable gets its value back,
+the metrics are reset, the user's optimizer (never stepped) is built under
+the chosen concept by fit as usual, and fit traces its train function once
+more: one retrace in all, on top of the candidates' traces.
+
+Not measured (the reason is in explain()): micro_batches (only a concept
+proven to keep the micro-batched result bitwise is used: "host"), an
+optimizer built before the first fit (its state already lives where "host"
+puts it), inputs that cannot be read twice (Python generators, PyDatasets),
+and an optimizer that cannot be copied from its config.
+
+The choice and its times go to a small plan file (default
+"glp_strategy_plan.json"), reused by the next run with the same key (tf_glp
+and TensorFlow versions, devices, global batch, the model's trainable
+shapes, the optimizer); a corrupt or foreign file is measured again, with a
+warning.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+import warnings
+
+import keras
+import tensorflow as tf
+
+from tf_glp._keras import compat
+from tf_glp.profiling import plan as plan_lib
+
+CANDIDATES = ("host", "replicas", "all-reduce")
+DEFAULT = "host"
+MIN_GAIN = 1.05
+SCHEMA = 1
+
+
+class UpdateChoice:
+    """Which update concept a tf_glp.Strategy(update="auto") runs, and why.
+
+    Args:
+        rounds: Interleaved rounds per candidate. Defaults to `7`.
+        steps: Timed steps per round. Defaults to `4`.
+        clock: Seconds as a float (tests inject one). Defaults to
+            `time.perf_counter`.
+    """
+
+    def __init__(self, rounds: int = 7, steps: int = 4, clock=time.perf_counter):
+        self.concept = DEFAULT
+        self.decided = False
+        self.reason = "decided at the start of the first fit"
+        self.times_ms: dict[str, list[float]] = {}
+        self.source = ""  # "measured", "reused PATH" or "" (not measured)
+        self.rounds, self.steps, self.clock = rounds, steps, clock
+
+    def decide(self, concept: str, reason: str, times_ms: dict | None = None, source: str = "") -> None:
+        self.concept, self.reason, self.decided, self.source = concept, reason, True, source
+        self.times_ms = dict(times_ms or {})
+
+    def line(self) -> str:
+        """The one line fit prints and explain() shows."""
+        times = ", ".join(f"{name} {statistics.median(ms):.2f}" for name, ms in self.times_ms.items())
+        where = f" ({self.source})" if self.source else ""
+        return (f"update='auto' -> {self.concept!r}: {self.reason}{where}"
+                + (f"; ms per step, medians: {times}" if times else ""))
+
+
+def choose(times_ms: dict[str, list[float]], default: str = DEFAULT) -> tuple[str, str]:
+    """(concept, why): the fastest candidate whose upper quartile is below
+    the default's lower quartile and whose median is at least MIN_GAIN
+    times faster; else the default."""
+    def quartiles(ms):
+        if len(ms) < 2:
+            return ms[0], ms[0], ms[0]
+        low, _, high = statistics.quantiles(ms, n=4)
+        return low, statistics.median(ms), high
+
+    base_low, base_median, _ = quartiles(times_ms[default])
+    best, best_median = default, base_median
+    for name, ms in times_ms.items():
+        _, median, high = quartiles(ms)
+        if name != default and high < base_low and base_median >= MIN_GAIN * median and median < best_median:
+            best, best_median = name, median
+    if best == default:
+        return default, f"no candidate beat {default!r} beyond the spread"
+    return best, f"{base_median / best_median:.2f}x faster than {default!r}, beyond the spread"
+
+
+# -- the plan file -----------------------------------------------------------
+def plan_key(model, strategy, batch: int) -> dict:
+    import tf_glp  # noqa: PLC0415 (the package imports this module)
+
+    return {"schema": SCHEMA, "tf_glp": tf_glp.__version__, "tensorflow": tf.__version__,
+            "devices": list(strategy.extended.worker_devices), "global_batch": batch,
+            "compression": strategy.compression, "optimizer": type(model.optimizer).__name__,
+            # Shapes and dtypes, not names (Keras numbers the names of every
+            # new model in a process: the same model gets other names).
+            "trainable": [[list(v.shape), str(v.dtype)] for v in model.trainable_variables]}
+
+
+def read_plan(path: str, key: dict) -> dict | None:
+    """The plan stored at `path` for `key`; None (with a warning for a file
+    that is there but unusable) otherwise."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        warnings.warn(f"tf_glp.Strategy(update='auto'): {path} is not a readable plan ({error}); measuring again",
+                      stacklevel=2)
+        return None
+    if not isinstance(data, dict) or data.get("key") != key or data.get("choice") not in CANDIDATES:
+        warnings.warn(f"tf_glp.Strategy(update='auto'): {path} was written for another model, machine or "
+                      f"setting (or is malformed); measuring again", stacklevel=2)
+        return None
+    return data
+
+
+def write_plan(path: str, key: dict, choice: UpdateChoice) -> None:
+    plan_lib.write_json(path, {"key": key, "choice": choice.concept, "reason": choice.reason,
+                               "times_ms": choice.times_ms})
+
+
+# -- the decision ------------------------------------------------------------
+def decide(strategy, model, arguments: dict, batch: int | None) -> None:
+    """Decides strategy.update_choice for `model`'s first fit (see the
+    module docstring): from the plan file when it holds this key, else by
+    measuring."""
+    choice = strategy.update_choice
+    if model.optimizer.built:
+        choice.decide(DEFAULT, "the optimizer was built before the first fit, with its state on the host "
+                               "(not measured)")
+        return
+    batch_values, why = first_batch(arguments, batch)
+    if batch_values is None:
+        choice.decide(DEFAULT, f"{why} (not measured)")
+        return
+    data = _packed(batch_values)
+    if not model.built:
+        _build_without_optimizer(model, data)
+    key = plan_key(model, strategy, batch)
+    path = strategy.settings.plan_path
+    stored = read_plan(path, key) if path else None
+    if stored is not None:
+        choice.decide(stored["choice"], stored["reason"], stored.get("times_ms"), source=f"reused {path}")
+        return
+    candidates = [c for c in CANDIDATES if not (c == "all-reduce" and strategy.compression)]
+    times = measure(model, strategy, data, candidates, choice, lambda name: setattr(choice, "concept", name))
+    concept, why = choose(times)
+    if strategy.compression:
+        why += f" (compression={strategy.compression!r} applies to the host's sums only: no all-reduce)"
+    choice.decide(concept, why, times, source="measured")
+    if path:
+        write_plan(path, key, choice)
+
+
+def _packed(batch_values):
+    x, y, sample_weight = batch_values
+    if sample_weight is not None:
+        return (x, y, sample_weight)
+    return (x,) if y is None else (x, y)
+
+
+def _build_without_optimizer(model, data) -> None:
+    """Builds the model and its compiled loss and metrics as fit would,
+    leaving the optimizer unbuilt (it is built under the chosen concept)."""
+    optimizer, model.optimizer = model.optimizer, None
+    try:
+        compat.symbolic_build(model, data)
+    finally:
+        model.optimizer = optimizer
+
+
+# -- the measurement ---------------------------------------------------------
+def first_batch(arguments: dict, batch: int | None):
+    """fit's first batch as (x, y, sample_weight) tensors, or (None, why)
+    where it cannot be read without consuming the user's input."""
+    x = arguments.get("x")
+    if isinstance(x, tf.data.Dataset):
+        for element in x.take(1):
+            return (tuple(element) + (None,) * (3 - len(element)) if isinstance(element, tuple)
+                    else (element, None, None)), ""
+        return None, "the dataset is empty"
+    if batch and x is not None and all(hasattr(leaf, "shape") for leaf in tf.nest.flatten(x)):
+        def head(value):
+            return None if value is None else tf.nest.map_structure(lambda leaf: leaf[:batch], value)
+
+        return (head(x), head(arguments.get("y")), head(arguments.get("sample_weight"))), ""
+    return None, "fit's input is not arrays or a tf.data.Dataset (it cannot be read twice)"
+
+
+def _variables_kept(strategy, model):
+    """Every model variable's value, per replica copy; returns a function
+    that puts them back."""
+    kept = []
+    for variable in model.variables:
+        for component in strategy.experimental_local_results(variable.value):
+            kept.append((component, tf.identity(component.read_value())))
+
+    def restore():
+        for component, value in kept:
+            with tf.device(component.device):
+                component.assign(value)
+
+    return restore
+
+
+def measure(model, strategy, data, candidates, choice: UpdateChoice, set_concept) -> dict[str, list[float]]:
+    """Times every candidate on one batch `data` (a built model; see the
+    module docstring); returns {candidate: [ms per step, one per round]}.
+    The model's variables and metrics end as they started; the user's
+    optimizer is untouched."""
+    user_optimizer = model.optimizer
+    restore = _variables_kept(strategy, model)
+    dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(data).repeat())
+    functions = {}
+    try:
+        for name in candidates:
+            set_concept(name)
+            with strategy.scope():  # (an optimizer keeps the strategy it was created in)
+                scratch = user_optimizer.__class__.from_config(user_optimizer.get_config())
+                scratch.build(model.trainable_variables)
+            model.optimizer = scratch
+            model.make_train_function(force=True)
+            function, iterator = model.train_function, iter(dataset)
+            _sync(function(iterator))  # traces
+            functions[name] = (function, iterator)
+        times = {name: [] for name in candidates}
+        for _ in range(choice.rounds):
+            for name, (function, iterator) in functions.items():
+                start = choice.clock()
+                for _ in range(choice.steps):
+                    result = function(iterator)
+                _sync(result)
+                times[name].append(1e3 * (choice.clock() - start) / choice.steps)
+        return times
+    finally:
+        set_concept(DEFAULT)
+        model.optimizer = user_optimizer
+        model.train_function = None
+        restore()
+        model.reset_metrics()
+
+
+def _sync(result) -> None:
+    """Waits for a train function's outputs (its Optional of logs)."""
+    value = result.get_value() if isinstance(result, tf.experimental.Optional) else result
+    for tensor in tf.nest.flatten(value):
+        if isinstance(tensor, tf.Tensor):
+            tensor.numpy()
+
+
+class AnnounceChoice(keras.callbacks.Callback):
+    """Prints the update choice once, when training begins (fit verbose > 0)."""
+
+    def __init__(self, choice: UpdateChoice):
+        super().__init__()
+        self._choice = choice
+
+    def on_train_begin(self, logs=None):
+        print(f"tf_glp.Strategy: {self._choice.line()}", flush=True)
