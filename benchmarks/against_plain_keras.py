@@ -10,7 +10,7 @@ on 1 and on 2 logical CPU devices (its default cross-device ops);
 `tf_glp.Strategy()` as a user writes it (without GPUs: one device, plain
 Keras' path with the fused optimizer step where it measures faster);
 `tf_glp.Strategy(cpu_replicas=1)`; and forced to 2 replicas in both update
-modes. Models: a tiny MLP (64 -> 32 -> 10, batch 64: nothing to compute, so
+modes and with update="auto" (what it chose is printed). Models: a tiny MLP (64 -> 32 -> 10, batch 64: nothing to compute, so
 its step time is the fixed cost per step), the quickstart's CNN on 8x8
 digits (batch 64), the wide Adam MLP (1024 -> 4096 -> 4096 -> 10, batch 32),
 the CNN of strategies.py (32x32x3, batch 128) and keras.applications'
@@ -45,7 +45,7 @@ FIRST_STEPS = 10
 ROUNDS = 7
 ROUND_STEPS = 8
 WAYS = ["plain Keras", "Mirrored 1 device", "Mirrored 2 devices", "tf_glp.Strategy()",
-        "tf_glp 1 replica", "tf_glp host 2 replicas", "tf_glp replicas 2 replicas"]
+        "tf_glp 1 replica", "tf_glp host 2 replicas", "tf_glp replicas 2 replicas", "tf_glp auto 2 replicas"]
 MODELS = ["tiny", "quickstart", "wide", "cnn", "mobilenet"]
 
 
@@ -101,6 +101,7 @@ def run_model(name: str) -> dict:
         "tf_glp 1 replica": lambda: tf_glp.Strategy(cpu_replicas=1),
         "tf_glp host 2 replicas": lambda: tf_glp.Strategy(cpu_replicas=2),
         "tf_glp replicas 2 replicas": lambda: tf_glp.Strategy(cpu_replicas=2, update="replicas"),
+        "tf_glp auto 2 replicas": lambda: tf_glp.Strategy(cpu_replicas=2, update="auto", plan_path=None),
     }
     make_model, x, y, batch = _model_and_data(name)
     StepClock = step_clock_class(keras)  # noqa: N806
@@ -123,6 +124,8 @@ def run_model(name: str) -> dict:
         trained[way] = model
         if way == "tf_glp.Strategy()":
             results["explain"] = strategy.explain()
+        if way == "tf_glp auto 2 replicas":
+            results["auto"] = strategy.update_choice.line()
     times = {way: [] for way in WAYS}
     for index in range(ROUNDS):
         for way in WAYS[index % len(WAYS):] + WAYS[:index % len(WAYS)]:
@@ -164,7 +167,8 @@ def verdicts(all_results: dict) -> list[str]:
                      f"{ms['Mirrored 2 devices'] - plain:+.2f} ms; tf_glp 1 replica "
                      f"{ms['tf_glp 1 replica'] - plain:+.2f} ms, 2 replicas (host / replicas) "
                      f"{ms['tf_glp host 2 replicas'] - plain:+.2f} / "
-                     f"{ms['tf_glp replicas 2 replicas'] - plain:+.2f} ms")
+                     f"{ms['tf_glp replicas 2 replicas'] - plain:+.2f} ms; auto "
+                     f"{ms['tf_glp auto 2 replicas'] - plain:+.2f} ms ({results['auto']})")
     return lines
 
 

@@ -134,13 +134,21 @@ def _quartiles(times: list[float]) -> tuple[float, float, float]:
     return low, statistics.median(times), high
 
 
+def beats(baseline: list[float], candidate: list[float]) -> tuple[bool, float]:
+    """Whether the `candidate` times beat the `baseline` times beyond the
+    spread (median at least MIN_GAIN times faster, interquartile ranges
+    apart), and the gain (baseline median over candidate median). Also
+    update="auto"'s rule (tf_glp/strategy/update_choice.py)."""
+    base_low, base_median, _ = _quartiles(baseline)
+    _, median, high = _quartiles(candidate)
+    gain = base_median / median if median > 0 else 1.0
+    return gain >= MIN_GAIN and high < base_low, gain
+
+
 def choose(native: list[float], fused: list[float]) -> tuple[str, str]:
-    """("fused" | "native", why): fused when its median is at least MIN_GAIN
-    times faster and the interquartile ranges do not overlap."""
-    native_low, native_median, _ = _quartiles(native)
-    _, fused_median, fused_high = _quartiles(fused)
-    gain = native_median / fused_median if fused_median > 0 else 1.0
-    if gain >= MIN_GAIN and fused_high < native_low:
+    """("fused" | "native", why): fused when it `beats` Keras' update."""
+    wins, gain = beats(native, fused)
+    if wins:
         return "fused", f"{gain:.2f}x faster than Keras' update"
     return "native", f"the fused update measured {gain:.2f}x (needs {MIN_GAIN}x, outside the spread)"
 

@@ -16,12 +16,14 @@ kept (each replica's copy: batch statistics differ per replica); for each
 candidate a scratch copy of the user's optimizer is built under that
 concept and fit's train function is traced with it; the candidates then run
 interleaved rounds of a few steps on the user's first batch (this machine's
-speed drifts by phases of seconds: interleaving keeps a drift from deciding).
-The default ("host") stays unless another candidate is faster beyond the
-spread (its upper quartile below host's lower quartile, and at least
-MIN_GAIN faster by the medians). Then every variable gets its value back,
-the metrics are reset, the user's optimizer (never stepped) is built under
-the chosen concept by fit as usual, and fit traces its train function once
+speed drifts by phases of seconds: interleaving keeps a drift from deciding),
+each round about ROUND_S long, a candidate clearly slower than "host" after
+DROP_AFTER rounds not timed further. The default ("host") stays unless
+another candidate is faster beyond the spread (its upper quartile below
+host's lower quartile, and at least 1.05x faster by the medians: the
+optimizer-step choice's rule). Then every variable gets its value back, the
+metrics are reset, the user's optimizer (never stepped) is built under the
+chosen concept by fit as usual, and fit traces its train function once
 more: one retrace in all, on top of the candidates' traces.
 
 Not measured (the reason is in explain()): micro_batches (only a concept
@@ -48,12 +50,18 @@ import keras
 import tensorflow as tf
 
 from tf_glp._keras import compat
-from tf_glp.profiling import plan as plan_lib
+from tf_glp.profiling import optimizer_step, plan as plan_lib
 
 CANDIDATES = ("host", "replicas", "all-reduce")
 DEFAULT = "host"
-MIN_GAIN = 1.05
 SCHEMA = 1
+# A round runs about this long (fewer steps per round for slow steps, at
+# least one): the measurement must stay a small part of a first epoch.
+ROUND_S = 0.03
+# After this many rounds a candidate whose fastest round is slower than
+# DROP_RATIO times the default's slowest is not timed further.
+DROP_AFTER = 3
+DROP_RATIO = 1.5
 
 
 class UpdateChoice:
@@ -61,7 +69,8 @@ class UpdateChoice:
 
     Args:
         rounds: Interleaved rounds per candidate. Defaults to `7`.
-        steps: Timed steps per round. Defaults to `4`.
+        steps: The most timed steps per round (fewer where a step takes
+            long: ROUND_S). Defaults to `4`.
         clock: Seconds as a float (tests inject one). Defaults to
             `time.perf_counter`.
     """
@@ -87,24 +96,18 @@ class UpdateChoice:
 
 
 def choose(times_ms: dict[str, list[float]], default: str = DEFAULT) -> tuple[str, str]:
-    """(concept, why): the fastest candidate whose upper quartile is below
-    the default's lower quartile and whose median is at least MIN_GAIN
-    times faster; else the default."""
-    def quartiles(ms):
-        if len(ms) < 2:
-            return ms[0], ms[0], ms[0]
-        low, _, high = statistics.quantiles(ms, n=4)
-        return low, statistics.median(ms), high
-
-    base_low, base_median, _ = quartiles(times_ms[default])
-    best, best_median = default, base_median
+    """(concept, why): of the candidates that beat the default beyond the
+    spread (optimizer_step.beats: the optimizer-step choice's rule), the one
+    with the largest gain; else the default."""
+    best, best_gain = default, 1.0
     for name, ms in times_ms.items():
-        _, median, high = quartiles(ms)
-        if name != default and high < base_low and base_median >= MIN_GAIN * median and median < best_median:
-            best, best_median = name, median
+        if name != default:
+            wins, gain = optimizer_step.beats(times_ms[default], ms)
+            if wins and gain > best_gain:
+                best, best_gain = name, gain
     if best == default:
         return default, f"no candidate beat {default!r} beyond the spread"
-    return best, f"{base_median / best_median:.2f}x faster than {default!r}, beyond the spread"
+    return best, f"{best_gain:.2f}x faster than {default!r}, beyond the spread"
 
 
 # -- the plan file -----------------------------------------------------------
@@ -246,15 +249,25 @@ def measure(model, strategy, data, candidates, choice: UpdateChoice, set_concept
             model.make_train_function(force=True)
             function, iterator = model.train_function, iter(dataset)
             _sync(function(iterator))  # traces
-            functions[name] = (function, iterator)
+            start = time.perf_counter()
+            _sync(function(iterator))  # how long a step takes: how many make a round
+            step_s = time.perf_counter() - start
+            functions[name] = (function, iterator, step_s)
+        steps = max(1, min(choice.steps, round(ROUND_S / max(min(f[2] for f in functions.values()), 1e-6))))
         times = {name: [] for name in candidates}
-        for _ in range(choice.rounds):
-            for name, (function, iterator) in functions.items():
+        for index in range(choice.rounds):
+            if index == DROP_AFTER:
+                slowest_default = max(times[DEFAULT])
+                for name in [n for n in functions if n != DEFAULT]:
+                    if min(times[name]) > DROP_RATIO * slowest_default:
+                        del functions[name]
+            for name, (function, iterator, _) in functions.items():
+                set_concept(name)  # (read by an injected clock; a traced function keeps its concept)
                 start = choice.clock()
-                for _ in range(choice.steps):
+                for _ in range(steps):
                     result = function(iterator)
                 _sync(result)
-                times[name].append(1e3 * (choice.clock() - start) / choice.steps)
+                times[name].append(1e3 * (choice.clock() - start) / steps)
         return times
     finally:
         set_concept(DEFAULT)
