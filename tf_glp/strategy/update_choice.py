@@ -161,8 +161,7 @@ def decide(strategy, model, arguments: dict, batch: int | None) -> None:
         choice.decide(DEFAULT, f"{why} (not measured)")
         return
     data = _packed(batch_values)
-    if not model.built:
-        _build_without_optimizer(model, data)
+    _build_without_optimizer(model, data)  # (what is built already stays as it is)
     key = plan_key(model, strategy, batch)
     path = strategy.settings.plan_path
     stored = read_plan(path, key) if path else None
@@ -187,8 +186,9 @@ def _packed(batch_values):
 
 
 def _build_without_optimizer(model, data) -> None:
-    """Builds the model and its compiled loss and metrics as fit would,
-    leaving the optimizer unbuilt (it is built under the chosen concept)."""
+    """Builds the model and its compiled loss and metrics as fit would
+    (their variables then exist before any candidate's trace), leaving the
+    optimizer unbuilt (it is built under the chosen concept)."""
     optimizer, model.optimizer = model.optimizer, None
     try:
         compat.symbolic_build(model, data)
