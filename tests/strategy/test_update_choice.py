@@ -149,6 +149,18 @@ def test_what_is_not_measured_says_why(tmp_path):
 
     model.fit(batches(), steps_per_epoch=2, verbose=0)
     assert generated.concept == "host" and "cannot be read twice" in generated.explain()
+
+    class Uncopyable(keras.optimizers.SGD):
+        def get_config(self):
+            raise NotImplementedError("no config")
+
+    uncopyable = _strategy(clock=never, plan_path=None)
+    with uncopyable.scope():
+        model = keras.Sequential([keras.Input((6,)), L.Dense(2)])
+        model.compile(optimizer=Uncopyable(0.1), loss="mse")
+    model.fit(x, np.eye(2, dtype="float32")[y], batch_size=BATCH, verbose=0)
+    assert uncopyable.concept == "host" and "cannot be copied from its config (NotImplementedError: no config)" in (
+        uncopyable.explain())
     assert not calls
 
 

@@ -25,6 +25,10 @@ where Keras would pass the gradients through unchanged.
 update="replicas": the host's sums go back to the replicas and every
 replica applies the update to its own copy, with its own optimizer state.
 
+update="auto" (update_choice.py): "host", "replicas" or TensorFlow's own
+all-reduce, chosen at the start of the first fit by timing each on the
+model and its first batch.
+
 Chunks (chunking.py) let the host work on the last layers while the devices
 still compute the gradients of earlier ones; chunking="auto" decides the
 chunk count at the start of the first fit, with the cost model
@@ -64,8 +68,9 @@ HOST_DEVICE = "/cpu:0"
 class Strategy(tf.distribute.Strategy):
     """Data-parallel training with the host CPUs aggregating gradients.
 
-    `Strategy(...)` returns a `HostStrategy` (update="host") or a
-    `ReplicaStrategy` (update="replicas"), both MirroredStrategies, or on a
+    `Strategy(...)` returns a `HostStrategy` (update="host"), a
+    `ReplicaStrategy` (update="replicas") or an `AutoStrategy`
+    (update="auto"), all MirroredStrategies, or on a
     machine without GPUs, unless replicas are asked for, a
     `SingleDeviceStrategy` (one device, plain Keras' path with the fused
     optimizer update where it measures faster: logical CPU replicas share
@@ -503,6 +508,8 @@ class AutoStrategy(_HostUpdate, Strategy, tf.distribute.MirroredStrategy):
         # replica passes as it is, counted once).
         grads = list(grads)
         distributed = [i for i, g in enumerate(grads) if isinstance(g, tf.distribute.DistributedValues)]
+        if not distributed:
+            return grads
         summed = self._all_reduce.batch_reduce(tf.distribute.ReduceOp.SUM, [(grads[i], grads[i]) for i in distributed])
         for i, total in zip(distributed, summed):
             grads[i] = total

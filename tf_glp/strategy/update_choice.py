@@ -168,6 +168,13 @@ def decide(strategy, model, arguments: dict, batch: int | None) -> None:
     if stored is not None:
         choice.decide(stored["choice"], stored["reason"], stored.get("times_ms"), source=f"reused {path}")
         return
+    try:  # the candidates train scratch copies of the user's optimizer
+        with strategy.scope():
+            model.optimizer.__class__.from_config(model.optimizer.get_config())
+    except Exception as error:  # noqa: BLE001 (any optimizer's own error: not measured, say why)
+        choice.decide(DEFAULT, f"the optimizer cannot be copied from its config ({type(error).__name__}: "
+                               f"{error}) (not measured)")
+        return
     candidates = [c for c in CANDIDATES if not (c == "all-reduce" and strategy.compression)]
     times = measure(model, strategy, data, candidates, choice, lambda name: setattr(choice, "concept", name))
     concept, why = choose(times)
@@ -286,7 +293,7 @@ def _sync(result) -> None:
 
 
 class AnnounceChoice(keras.callbacks.Callback):
-    """Prints the update choice once, when training begins (fit verbose > 0)."""
+    """Prints the update choice once, when training begins (fit with verbose not 0)."""
 
     def __init__(self, choice: UpdateChoice):
         super().__init__()
