@@ -5,6 +5,7 @@ with tf_glp.Strategy. Each run is a fresh process (Keras' tests reset
 TensorFlow's context and configure their own logical devices); tf_glp's two
 go at once, stock's only when tf_glp failed a test."""
 
+import functools
 import os
 import pathlib
 import subprocess
@@ -76,16 +77,15 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stock_passes(tmp_path_factory):
-    """The tests stock MirroredStrategy passes, run once when first asked."""
-    passed = []
+    """Whether stock MirroredStrategy passes a test: its run starts when
+    first asked, once."""
 
-    def passes(name: str) -> bool:
-        if not passed:
-            outcomes = _outcomes(*_start("stock", tmp_path_factory.mktemp("stock")))
-            passed.append({n for n, outcome in outcomes.items() if outcome == "passed"})
-        return name in passed[0]
+    @functools.cache
+    def passed() -> frozenset[str]:
+        outcomes = _outcomes(*_start("stock", tmp_path_factory.mktemp("stock")))
+        return frozenset(name for name, outcome in outcomes.items() if outcome == "passed")
 
-    return passes
+    return lambda name: name in passed()
 
 
 @pytest.mark.parametrize("update", ["host", "replicas"])

@@ -76,8 +76,8 @@ INTERNALS = {
     ("tensorflow.python.distribute.cross_device_ops", "CrossDeviceOps", "_gather"):
         "gathers across workers stay TensorFlow's (gather)",
     ("keras.src.trainers.trainer", "Trainer", "_symbolic_build"):
-        "the model, its metrics and optimizer built as fit builds them, before update='auto' measures "
-        "(symbolic_build)",
+        "the model and its compiled loss and metrics built as fit builds them, before update='auto' "
+        "measures (symbolic_build)",
     ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "_maybe_symbolic_build"):
         "its multi-worker bug is worked around in MultiWorker*Strategy.reduce (strategy.py)",
     ("keras.src.callbacks.backup_and_restore", "BackupAndRestore", "_should_save_on_batch"):
