@@ -9,8 +9,10 @@ Ways (the same global batch for all, per model): plain Keras; MirroredStrategy
 on 1 and on 2 logical CPU devices (its default cross-device ops);
 `tf_glp.Strategy()` as a user writes it (without GPUs: one device, plain
 Keras' path with the fused optimizer step where it measures faster);
-`tf_glp.Strategy(cpu_replicas=1)`; and forced to 2 replicas in both update
-modes and with update="auto" (what it chose is printed). Models: a tiny MLP (64 -> 32 -> 10, batch 64: nothing to compute, so
+`tf_glp.Strategy(cpu_replicas=1)` (update="auto", the default); and forced
+to 2 replicas with update="host", "replicas" and "auto" (what it chose is
+printed; auto's plan file off, so it measures in every run). Models: a tiny
+MLP (64 -> 32 -> 10, batch 64: nothing to compute, so
 its step time is the fixed cost per step), the quickstart's CNN on 8x8
 digits (batch 64), the wide Adam MLP (1024 -> 4096 -> 4096 -> 10, batch 32),
 the CNN of strategies.py (32x32x3, batch 128) and keras.applications'
@@ -98,10 +100,10 @@ def run_model(name: str) -> dict:
         "Mirrored 1 device": lambda: tf.distribute.MirroredStrategy(["/cpu:0"]),
         "Mirrored 2 devices": lambda: tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]),
         "tf_glp.Strategy()": tf_glp.Strategy,
-        "tf_glp 1 replica": lambda: tf_glp.Strategy(cpu_replicas=1),
-        "tf_glp host 2 replicas": lambda: tf_glp.Strategy(cpu_replicas=2),
+        "tf_glp 1 replica": lambda: tf_glp.Strategy(cpu_replicas=1, plan_path=None),
+        "tf_glp host 2 replicas": lambda: tf_glp.Strategy(cpu_replicas=2, update="host"),
         "tf_glp replicas 2 replicas": lambda: tf_glp.Strategy(cpu_replicas=2, update="replicas"),
-        "tf_glp auto 2 replicas": lambda: tf_glp.Strategy(cpu_replicas=2, update="auto", plan_path=None),
+        "tf_glp auto 2 replicas": lambda: tf_glp.Strategy(cpu_replicas=2, plan_path=None),
     }
     make_model, x, y, batch = _model_and_data(name)
     StepClock = step_clock_class(keras)  # noqa: N806

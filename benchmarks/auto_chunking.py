@@ -53,7 +53,7 @@ def run_replicas(replicas: int) -> dict:
         for round_index in range(ROUNDS):
             order = ("auto", "none") if round_index % 2 == 0 else ("none", "auto")
             for setting in order:
-                strategy = tf_glp.Strategy(devices, chunking=setting)
+                strategy = tf_glp.Strategy(devices, update="host", chunking=setting)
                 keras.utils.set_random_seed(round_index)
                 with strategy.scope():
                     model = build()

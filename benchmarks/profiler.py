@@ -85,7 +85,7 @@ def layer_parts(args) -> None:
     """Parts 1-3: cost, gain, alone vs in the step."""
     import tf_glp  # noqa: PLC0415
 
-    strategy = tf_glp.Strategy(cpu_replicas=2)  # before any TensorFlow op (logical CPU devices)
+    strategy = tf_glp.Strategy(cpu_replicas=2, update="host")  # before any TensorFlow op (logical CPU devices)
     import keras  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
     from sklearn.datasets import load_digits  # noqa: PLC0415

@@ -58,9 +58,9 @@ def _makers(tf, tf_glp):
         "plain Keras": tf.distribute.get_strategy,
         "tf_glp.Strategy()": tf_glp.Strategy,
         "Mirrored 1 device": lambda: tf.distribute.MirroredStrategy(["/cpu:0"]),
-        "tf_glp 1 replica": lambda: tf_glp.Strategy(cpu_replicas=1),
+        "tf_glp 1 replica": lambda: tf_glp.Strategy(cpu_replicas=1, update="host"),
         "Mirrored 2 devices": lambda: tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]),
-        "tf_glp host 2 replicas": lambda: tf_glp.Strategy(cpu_replicas=2),
+        "tf_glp host 2 replicas": lambda: tf_glp.Strategy(cpu_replicas=2, update="host"),
         "tf_glp replicas 2 replicas": lambda: tf_glp.Strategy(cpu_replicas=2, update="replicas"),
     }
 

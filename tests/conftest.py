@@ -18,6 +18,14 @@ tf.config.set_logical_device_configuration(
 )
 
 
+@pytest.fixture(autouse=True)
+def _working_directory(tmp_path, monkeypatch):
+    """Every test runs in its own folder: what tf_glp writes by default
+    (update="auto"'s glp_strategy_plan.json, the profiler's glp_plan.json)
+    neither lands in the checkout nor carries from one test to the next."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)

@@ -20,7 +20,7 @@ class FakeClock:
 
 def _decide(monkeypatch, step_ms, rates, first_step_ms=500.0, timed_steps=3, steps=50):
     """Runs the decision over scripted step times (ms per chunk count)."""
-    strategy = tf_glp.Strategy(cpu_replicas=2)
+    strategy = tf_glp.Strategy(cpu_replicas=2, update="host")
     monkeypatch.setattr(strategy, "uses_gpus", lambda: True)
     monkeypatch.setattr(strategy, "host_rates", lambda: rates)
     with strategy.scope():
@@ -56,7 +56,7 @@ SLOW_HOST = cost_model.HostRates(float("inf"), 3.2e8, 1e9, 1e-4)
 
 
 def test_cpu_replicas_decide_one_chunk_without_measuring():
-    strategy = tf_glp.Strategy(cpu_replicas=2)  # chunking="auto"
+    strategy = tf_glp.Strategy(cpu_replicas=2, update="host")  # chunking="auto"
     with strategy.scope():
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
         model.compile(optimizer="sgd", loss="mse")

@@ -229,3 +229,18 @@ def test_every_way_to_hand_over_gradients(how, optimizer, update):
         return _custom_loop(strategy, OPTIMIZERS[optimizer], how=how, policy="float32", built=reference)
 
     _assert_same(train(_glp(update)), _reference(("way", how, optimizer), train), f"{how} {optimizer}")
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_a_custom_loop_under_the_default_update_runs_host(optimizer):
+    """update="auto" (the default) measures in fit only: a custom loop runs
+    "host", bit for bit."""
+    default = tf_glp.Strategy(DEVICES, chunking="none")
+    ours = _custom_loop(default, OPTIMIZERS[optimizer], policy="float32")
+    host = _custom_loop(_glp("host"), OPTIMIZERS[optimizer], policy="float32")
+    assert default.update == "auto" and default.concept == "host"
+    assert ours[0] == host[0]
+    for a, b in zip(ours[1], host[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+    for path, value in host[2].items():
+        np.testing.assert_array_equal(ours[2][path], value, err_msg=path)

@@ -146,7 +146,7 @@ class TestErrors:
         keras.config.set_dtype_policy("float64")
         try:
             weights = []
-            for strategy in (tf_glp.Strategy(cpu_replicas=2, chunking="none"),
+            for strategy in (tf_glp.Strategy(cpu_replicas=2, update="host", chunking="none"),
                              tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
                                                             cross_device_ops=tf.distribute.ReductionToOneDevice())):
                 model = _model(strategy)

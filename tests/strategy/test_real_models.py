@@ -355,7 +355,7 @@ def test_small_resnet_on_digits_reaches_single_device_accuracy():
         return model
 
     accuracy = {}
-    for name, strategy in (("single", tf.distribute.get_strategy()), ("glp", tf_glp.Strategy(DEVICES))):
+    for name, strategy in (("single", tf.distribute.get_strategy()), ("glp", tf_glp.Strategy(DEVICES, update="host"))):
         model = build(strategy)
         model.fit(x_train, y_train, batch_size=64, epochs=12, verbose=0)
         accuracy[name] = model.evaluate(x_test, y_test, batch_size=64, verbose=0)[1]

@@ -21,7 +21,9 @@ def test_one_object_holds_what_the_user_passed():
         strategy.settings.update = "host"
 
 
-def test_a_class_constructed_directly_implies_its_update():
+def test_update_defaults_to_auto_and_a_class_constructed_directly_implies_its_update():
+    default = tf_glp.Strategy(DEVICES)
+    assert type(default).__name__ == "AutoStrategy" and default.update == "auto" and default.concept == "host"
     assert ReplicaStrategy(DEVICES).update == "replicas" and ReplicaStrategy(DEVICES).settings.update == "replicas"
     assert HostStrategy(DEVICES).update == "host"
 

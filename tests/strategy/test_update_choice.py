@@ -108,7 +108,8 @@ def test_the_plan_is_reused_and_a_corrupt_or_foreign_one_measured_again(tmp_path
     plan = tmp_path / "plan.json"
     _train(_strategy(clock=_fake_clock({"host": 3.0, "replicas": 1.0, "all-reduce": 3.0}), plan_path=str(plan)),
            epochs=1)
-    assert json.loads(plan.read_text())["choice"] == "replicas"
+    [entry] = json.loads(plan.read_text())["plans"]
+    assert entry["choice"] == "replicas"
 
     calls = []
     reused = _strategy(clock=_fake_clock({"host": 1.0, "replicas": 3.0, "all-reduce": 3.0}, calls),
@@ -117,17 +118,34 @@ def test_the_plan_is_reused_and_a_corrupt_or_foreign_one_measured_again(tmp_path
     assert reused.concept == "replicas" and not calls  # not measured again
     assert f"(reused {plan})" in reused.explain()
 
-    key = json.loads(plan.read_text())["key"]
+    # Another model in the same file: measured without a warning, added.
+    other = _strategy(clock=_fake_clock({"host": 1.0, "replicas": 3.0, "all-reduce": 3.0}), plan_path=str(plan))
+    with other.scope():
+        model = keras.Sequential([keras.Input((6,)), L.Dense(5), L.Dense(2)])
+        model.compile(optimizer="adam", loss="mse")
+    x, y = _data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        model.fit(x, np.eye(2, dtype="float32")[y], batch_size=BATCH, epochs=1, verbose=0)
+    assert other.update_choice.source == "measured"
+    assert [e["choice"] for e in json.loads(plan.read_text())["plans"]] == ["replicas", "host"]
+
+    key = entry["key"]
     plan.write_text("{not json")
     with pytest.warns(UserWarning, match="is not a readable plan"):
         assert update_choice.read_plan(str(plan), key) is None
-    # Foreign: written for another batch size; measured again, rewritten.
-    plan.write_text(json.dumps({"key": dict(key, global_batch=2 * BATCH), "choice": "replicas"}))
+    plan.write_text(json.dumps({"key": key, "choice": "replicas"}))  # the first format: one plan, no list
+    with pytest.warns(UserWarning, match="not a list of plans"):
+        assert update_choice.read_plan(str(plan), key) is None
+    # Foreign: this model's entry written for another batch size; measured
+    # again, replaced.
+    plan.write_text(json.dumps({"plans": [dict(entry, key=dict(key, global_batch=2 * BATCH))]}))
     again = _strategy(clock=_fake_clock({"host": 1.0, "replicas": 3.0, "all-reduce": 3.0}), plan_path=str(plan))
-    with pytest.warns(UserWarning, match="was written for another model, machine or setting"):
+    with pytest.warns(UserWarning, match=r"holds this model's plan for another machine or setting \(global_batch "
+                                         r"differ\)"):
         _train(again, epochs=1)
     assert again.concept == "host" and again.update_choice.source == "measured"
-    assert json.loads(plan.read_text())["choice"] == "host"
+    assert [(e["key"], e["choice"]) for e in json.loads(plan.read_text())["plans"]] == [(key, "host")]
 
 
 def test_what_is_not_measured_says_why(tmp_path):
@@ -162,6 +180,26 @@ def test_what_is_not_measured_says_why(tmp_path):
     assert uncopyable.concept == "host" and "cannot be copied from its config (NotImplementedError: no config)" in (
         uncopyable.explain())
     assert not calls
+
+
+def test_a_candidate_that_fails_is_left_out_and_named(monkeypatch, tmp_path):
+    """On GPUs "replicas" and "all-reduce" hold the optimizer state on every
+    GPU and may run out of memory where "host" fits: such a candidate is
+    left out (its error in explain()) and training goes on."""
+    original = AutoStrategy._sum_gradients
+
+    def sum_gradients(self, grads, loss_scaled):
+        if self.concept == "replicas":
+            raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor\nmore detail")
+        return original(self, grads, loss_scaled)
+
+    monkeypatch.setattr(AutoStrategy, "_sum_gradients", sum_gradients)
+    strategy = _strategy(clock=_fake_clock({"host": 3.0, "all-reduce": 1.0}), plan_path=None)
+    model, history = _train(strategy, epochs=1)
+    assert strategy.concept == "all-reduce" and set(strategy.update_choice.times_ms) == {"host", "all-reduce"}
+    assert "'replicas' failed and was left out (ResourceExhaustedError: OOM when allocating tensor)" in (
+        strategy.explain())
+    assert np.isfinite(history["loss"]).all()
 
 
 def test_update_auto_without_replicas_is_one_device_and_a_bad_update_is_named(monkeypatch):

@@ -26,7 +26,7 @@ class Settings:
     """
 
     devices: tuple[str, ...] | None = None
-    update: str = "host"
+    update: str = "auto"
     chunking: int | str = "auto"
     compression: str | None = None
     cpu_replicas: int | None = None

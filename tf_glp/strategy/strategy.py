@@ -81,13 +81,15 @@ class Strategy(tf.distribute.Strategy):
         devices: Compute devices. Default: all GPUs; without GPUs, one
             device (or `cpu_replicas` logical CPU devices when given, or
             with micro_batches 2).
-        update: "host" (optimizer runs once, on the host), "replicas"
-            (every replica applies the host-summed gradients) or "auto"
-            (at the start of the first fit, "host", "replicas" and
-            TensorFlow's own all-reduce each run a few steps on the model
-            and its first batch; the fastest beyond the spread is kept:
-            update_choice.py; across workers "auto" runs "host"). Default:
-            "host".
+        update: "auto" (at the start of the first fit, "host",
+            "replicas" and TensorFlow's own all-reduce each run a few steps
+            on the model and its first batch; the fastest beyond the spread
+            is kept and written to `plan_path`: update_choice.py; with
+            micro_batches or across workers "auto" runs "host", not
+            measured), "host" (optimizer runs once, on the host) or
+            "replicas" (every replica applies the host-summed gradients).
+            An explicit "host" or "replicas" skips the measurement.
+            Default: "auto".
         chunking: "auto" (decided at the start of the first fit: one chunk
             on CPU replicas, where chunking cannot help; on GPUs the cost
             model calibrated on the first steps, with at most one confirming
@@ -138,7 +140,7 @@ class Strategy(tf.distribute.Strategy):
         >>> print(strategy.explain())
     """
 
-    def __new__(cls, devices=None, *, update: str = "host", chunking="auto", compression=None, cpu_replicas=None,
+    def __new__(cls, devices=None, *, update: str = "auto", chunking="auto", compression=None, cpu_replicas=None,
                 cluster_resolver=None, micro_batches=None, plan_path: str | None = "glp_strategy_plan.json"):
         # A concrete class constructed directly (HostStrategy(...)) implies its update.
         update = cls._update_mode or update

@@ -33,10 +33,12 @@ puts it), inputs that cannot be read twice (Python generators, PyDatasets),
 and an optimizer that cannot be copied from its config.
 
 The choice and its times go to a small plan file (default
-"glp_strategy_plan.json"), reused by the next run with the same key (tf_glp
-and TensorFlow versions, devices, global batch, the model's trainable
-shapes, the optimizer); a corrupt or foreign file is measured again, with a
-warning.
+"glp_strategy_plan.json"), one entry per model, reused by the next run with
+the same key (tf_glp and TensorFlow versions, devices, global batch,
+compression, the model's trainable shapes, the optimizer). A file that
+cannot be read, or this model's entry written with another key (another
+machine, batch or versions), is measured again with a warning; a model
+with no entry yet is measured and added.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from tf_glp.profiling import optimizer_step, plan as plan_lib
 
 CANDIDATES = ("host", "replicas", "all-reduce")
 DEFAULT = "host"
-SCHEMA = 1
+SCHEMA = 2  # 2: one entry per model
 # A round runs about this long (fewer steps per round for slow steps, at
 # least one): the measurement must stay a small part of a first epoch.
 ROUND_S = 0.03
@@ -111,6 +113,12 @@ def choose(times_ms: dict[str, list[float]], default: str = DEFAULT) -> tuple[st
 
 
 # -- the plan file -----------------------------------------------------------
+# The file holds one entry per model (a script that trains two models keeps
+# both); an entry is found by its whole key. MODEL_FIELDS say which model it
+# is; the others where and how it ran.
+MODEL_FIELDS = ("optimizer", "trainable")
+
+
 def plan_key(model, strategy, batch: int) -> dict:
     import tf_glp  # noqa: PLC0415 (the package imports this module)
 
@@ -122,28 +130,57 @@ def plan_key(model, strategy, batch: int) -> dict:
             "trainable": [[list(v.shape), str(v.dtype)] for v in model.trainable_variables]}
 
 
-def read_plan(path: str, key: dict) -> dict | None:
-    """The plan stored at `path` for `key`; None (with a warning for a file
-    that is there but unusable) otherwise."""
+def _same_model(a: dict, b: dict) -> bool:
+    return all(a.get(field) == b.get(field) for field in MODEL_FIELDS)
+
+
+def _entries(path: str) -> list[dict]:
+    """The file's entries; [] for no file; raises ValueError or OSError for
+    one that cannot be read as a plan."""
     try:
         with open(path) as f:
             data = json.load(f)
     except FileNotFoundError:
-        return None
+        return []
+    entries = data.get("plans") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("key"), dict) and e.get("choice") in CANDIDATES
+            for e in entries):
+        raise ValueError("not a list of plans with a key and a known choice")
+    return entries
+
+
+def read_plan(path: str, key: dict) -> dict | None:
+    """The entry stored at `path` for `key`, or None: no file, or no entry
+    for this model (measured, then added); with a warning, a file that
+    cannot be read or an entry for this model written on another machine,
+    versions or setting (measured again, then replaced)."""
+    try:
+        entries = _entries(path)
     except (OSError, ValueError) as error:
         warnings.warn(f"tf_glp.Strategy(update='auto'): {path} is not a readable plan ({error}); measuring again",
                       stacklevel=2)
         return None
-    if not isinstance(data, dict) or data.get("key") != key or data.get("choice") not in CANDIDATES:
-        warnings.warn(f"tf_glp.Strategy(update='auto'): {path} was written for another model, machine or "
-                      f"setting (or is malformed); measuring again", stacklevel=2)
-        return None
-    return data
+    for entry in entries:
+        if entry["key"] == key:
+            return entry
+    foreign = [entry for entry in entries if _same_model(entry["key"], key)]
+    if foreign:
+        differ = sorted(field for field in key if foreign[0]["key"].get(field) != key[field])
+        warnings.warn(f"tf_glp.Strategy(update='auto'): {path} holds this model's plan for another machine or "
+                      f"setting ({', '.join(differ)} differ); measuring again", stacklevel=2)
+    return None
 
 
 def write_plan(path: str, key: dict, choice: UpdateChoice) -> None:
-    plan_lib.write_json(path, {"key": key, "choice": choice.concept, "reason": choice.reason,
-                               "times_ms": choice.times_ms})
+    """Adds this model's entry to `path` (replacing one for the same model;
+    an unreadable file is replaced whole)."""
+    try:
+        entries = [entry for entry in _entries(path) if not _same_model(entry["key"], key)]
+    except (OSError, ValueError):
+        entries = []
+    entries.append({"key": key, "choice": choice.concept, "reason": choice.reason, "times_ms": choice.times_ms})
+    plan_lib.write_json(path, {"plans": entries})
 
 
 # -- the decision ------------------------------------------------------------
@@ -176,8 +213,11 @@ def decide(strategy, model, arguments: dict, batch: int | None) -> None:
                                f"{error}) (not measured)")
         return
     candidates = [c for c in CANDIDATES if not (c == "all-reduce" and strategy.compression)]
-    times = measure(model, strategy, data, candidates, choice, lambda name: setattr(choice, "concept", name))
+    failed: dict[str, str] = {}
+    times = measure(model, strategy, data, candidates, choice, lambda name: setattr(choice, "concept", name), failed)
     concept, why = choose(times)
+    for name, error in failed.items():
+        why += f"; {name!r} failed and was left out ({error})"
     if strategy.compression:
         why += f" (compression={strategy.compression!r} applies to the host's sums only: no all-reduce)"
     choice.decide(concept, why, times, source="measured")
@@ -237,11 +277,13 @@ def _variables_kept(strategy, model):
     return restore
 
 
-def measure(model, strategy, data, candidates, choice: UpdateChoice, set_concept) -> dict[str, list[float]]:
+def measure(model, strategy, data, candidates, choice: UpdateChoice, set_concept, failed: dict[str, str]
+            ) -> dict[str, list[float]]:
     """Times every candidate on one batch `data` (a built model; see the
     module docstring); returns {candidate: [ms per step, one per round]}.
-    The model's variables and metrics end as they started; the user's
-    optimizer is untouched."""
+    A candidate other than the default whose trace or step raises is left
+    out, its error put in `failed`. The model's variables and metrics end
+    as they started; the user's optimizer is untouched."""
     user_optimizer = model.optimizer
     restore = _variables_kept(strategy, model)
     dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(data).repeat())
@@ -249,19 +291,26 @@ def measure(model, strategy, data, candidates, choice: UpdateChoice, set_concept
     try:
         for name in candidates:
             set_concept(name)
-            with strategy.scope():  # (an optimizer keeps the strategy it was created in)
-                scratch = user_optimizer.__class__.from_config(user_optimizer.get_config())
-                scratch.build(model.trainable_variables)
-            model.optimizer = scratch
-            model.make_train_function(force=True)
-            function, iterator = model.train_function, iter(dataset)
-            _sync(function(iterator))  # traces
-            start = time.perf_counter()
-            _sync(function(iterator))  # how long a step takes: how many make a round
-            step_s = time.perf_counter() - start
-            functions[name] = (function, iterator, step_s)
+            try:
+                with strategy.scope():  # (an optimizer keeps the strategy it was created in)
+                    scratch = user_optimizer.__class__.from_config(user_optimizer.get_config())
+                    scratch.build(model.trainable_variables)
+                model.optimizer = scratch
+                model.make_train_function(force=True)
+                function, iterator = model.train_function, iter(dataset)
+                _sync(function(iterator))  # traces
+                start = time.perf_counter()
+                _sync(function(iterator))  # how long a step takes: how many make a round
+                functions[name] = (function, iterator, time.perf_counter() - start)
+            except Exception as error:  # noqa: BLE001
+                # The default is what trains without "auto": its error is the
+                # user's. Another candidate that fails (on GPUs: out of memory
+                # with every replica holding the optimizer state) is left out.
+                if name == DEFAULT:
+                    raise
+                failed[name] = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
         steps = max(1, min(choice.steps, round(ROUND_S / max(min(f[2] for f in functions.values()), 1e-6))))
-        times = {name: [] for name in candidates}
+        times = {name: [] for name in functions}
         for index in range(choice.rounds):
             if index == DROP_AFTER:
                 slowest_default = max(times[DEFAULT])
