@@ -38,6 +38,7 @@ chunk count at the start of the first fit, with the cost model
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 
 import keras
@@ -475,9 +476,6 @@ class AutoStrategy(_HostUpdate, Strategy, tf.distribute.MirroredStrategy):
     def __init__(self, *args, **kwargs):  # Strategy's arguments, kept in self.settings by Strategy.__new__
         devices = self._glp_setup()
         self.update_choice = update_choice.UpdateChoice()
-        # TensorFlow's own all-reduce, as MirroredStrategy picks it.
-        gpus = all("gpu" in d.lower() for d in devices)
-        self._all_reduce = tf.distribute.NcclAllReduce() if gpus else tf.distribute.ReductionToOneDevice()
         if self.micro_batches:
             self.update_choice.decide("host", "micro_batches: the concept whose micro-batched result is kept bitwise "
                                               "(not measured)")
@@ -488,6 +486,11 @@ class AutoStrategy(_HostUpdate, Strategy, tf.distribute.MirroredStrategy):
     def concept(self) -> str:
         """The update concept in use: "host", "replicas" or "all-reduce"."""
         return self.update_choice.concept
+
+    @functools.cached_property
+    def _all_reduce(self) -> tf.distribute.CrossDeviceOps:
+        """TensorFlow's own all-reduce, as MirroredStrategy picks it."""
+        return tf.distribute.NcclAllReduce() if self.uses_gpus() else tf.distribute.ReductionToOneDevice()
 
     def _prepare_update(self, model, arguments: dict, batch: int | None):
         choice = self.update_choice
