@@ -17,6 +17,12 @@ The summed time is not the step time (the executor runs independent ops on
 several threads, an iterator op's time is mostly waiting for the input
 pipeline's own threads, and the time between ops is dispatch): the step
 time, measured outside the profiler in interleaved rounds, is beside it.
+
+Two more ways measure the floor: a train_step with the forward and
+backward pass only (no gradient sum, no update) on one device and on two
+MirroredStrategy replicas. The difference is what a second logical
+replica costs whatever the strategy does with its gradients; the closing
+line sets it beside MirroredStrategy's whole 2-device cost.
 """
 
 from __future__ import annotations
@@ -38,8 +44,13 @@ from strategies import step_clock_class
 
 STEPS = 20
 ROUNDS = 7
+# The floor: the forward and backward pass alone (no gradient sum, no
+# update), on one device and on two replicas (MirroredStrategy). What the
+# second costs over the first is the price of a second logical replica
+# that no aggregation or update scheme can cut.
+FLOOR_1, FLOOR_2 = "floor: forward+backward, 1 device", "floor: forward+backward, 2 replicas"
 WAYS = ["plain Keras", "tf_glp.Strategy()", "Mirrored 1 device", "tf_glp 1 replica", "Mirrored 2 devices",
-        "tf_glp host 2 replicas", "tf_glp replicas 2 replicas"]
+        "tf_glp host 2 replicas", "tf_glp replicas 2 replicas", FLOOR_1, FLOOR_2]
 # (group, pattern on the op's type, pattern on its name), first match wins;
 # the name without the function-call prefixes it runs under.
 GROUPS = [
@@ -62,7 +73,25 @@ def _makers(tf, tf_glp):
         "Mirrored 2 devices": lambda: tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]),
         "tf_glp host 2 replicas": lambda: tf_glp.Strategy(cpu_replicas=2, update="host"),
         "tf_glp replicas 2 replicas": lambda: tf_glp.Strategy(cpu_replicas=2, update="replicas"),
+        FLOOR_1: tf.distribute.get_strategy,
+        FLOOR_2: lambda: tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]),
     }
+
+
+def _gradients_only_class(keras, tf):
+    class GradientsOnly(keras.Sequential):
+        """A train_step with the forward and backward pass only: every
+        gradient is read (summed into one log, so none is pruned), none is
+        summed across replicas or applied."""
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+            grads = tape.gradient(loss, self.trainable_variables)
+            return {"loss": loss, "gradients": tf.add_n([tf.reduce_sum(g) for g in grads])}
+
+    return GradientsOnly
 
 
 def _op_events(logdir: str):
@@ -117,11 +146,12 @@ def measure() -> dict:
     rng = np.random.default_rng(0)
     x, y = rng.random((64 * 64, 64), dtype=np.float32), rng.integers(0, 10, 64 * 64)
     makers = _makers(tf, tf_glp)
+    gradients_only = _gradients_only_class(keras, tf)
     models, results = {}, {}
     for way in WAYS:
         with makers[way]().scope():
-            model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                                      keras.layers.Dense(10)])
+            model_class = gradients_only if way in (FLOOR_1, FLOOR_2) else keras.Sequential
+            model = model_class([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
             model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         model.fit(x, y, batch_size=64, steps_per_epoch=4, epochs=1, verbose=0)
         models[way] = model
@@ -159,12 +189,27 @@ def table(results: dict) -> list[str]:
     return rows
 
 
+def fixed_costs(results: dict) -> str:
+    """Each way's step over plain Keras (fastest rounds), and the floor's."""
+    def fastest(way):
+        return results[way]["ms"]["fastest"]
+
+    plain = fastest("plain Keras")
+    over = ", ".join(f"{way} {fastest(way) - plain:+.2f}" for way in WAYS[1:7])
+    floor = fastest(FLOOR_2) - fastest(FLOOR_1)
+    mirrored = fastest("Mirrored 2 devices") - plain
+    return (f"Fixed cost over plain Keras, ms per step (fastest rounds): {over}. The second replica alone "
+            f"(floor, 2 replicas over 1 device, no gradient sum, no update): {floor:+.2f} ms, "
+            f"{floor / mirrored:.0%} of MirroredStrategy's 2-device cost ({mirrored:+.2f} ms).")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     start = time.time()
-    rows = table(measure())
+    results = measure()
+    rows = [*table(results), "", fixed_costs(results)]
     elapsed = time.time() - start
     print("\n".join(rows))
     if args.write_results:

@@ -182,6 +182,24 @@ def test_custom_loop_like_plain_keras():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("dataset", [False, True], ids=["arrays", "tf.data"])
+def test_one_cpu_replica_reads_its_input_as_plain_keras_and_trains_like_mirrored_strategy(dataset, fused_calls):
+    # Named devices (or cpu_replicas=1) make a replica strategy. With one CPU
+    # replica its datasets are not wrapped in tf.distribute's distributed
+    # iterator (nothing to split or place); with two they are.
+    strategy = tf_glp.Strategy(["/cpu:0"], update="host")
+    probe = tf.data.Dataset.range(4).batch(2)
+    assert strategy.experimental_distribute_dataset(probe) is probe
+    assert tf_glp.Strategy(["/cpu:0", "/cpu:1"], update="host").experimental_distribute_dataset(probe) is not probe
+    ours = _fit(strategy, lambda: keras.optimizers.Adam(0.01), dataset=dataset)
+    assert fused_calls  # the host update ran
+    stock = _fit(tf.distribute.MirroredStrategy(["/cpu:0"]), lambda: keras.optimizers.Adam(0.01), dataset=dataset)
+    np.testing.assert_allclose(ours[0]["loss"], stock[0]["loss"], rtol=1e-5)
+    for a, b in zip(ours[1] + ours[2], stock[1] + stock[2], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ours[3], stock[3], rtol=1e-5)
+
+
 def test_compression_has_nothing_to_compress_on_one_device():
     with pytest.warns(UserWarning, match="compression='bf16' has nothing to compress on one device"):
         tf_glp.Strategy(compression="bf16")

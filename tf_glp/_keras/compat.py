@@ -102,6 +102,8 @@ INTERNALS = {
         "patched: an optimizer met unbuilt in the replicas' step is built outside the trace (patches.py)",
     ("tensorflow.python.distribute.one_device_strategy", "OneDeviceExtended", "_experimental_distribute_dataset"):
         "overridden: a one-device tf_glp.Strategy leaves datasets as plain Keras iterates them (one_device.py)",
+    ("tensorflow.python.distribute.mirrored_strategy", "MirroredExtended", "_experimental_distribute_dataset"):
+        "overridden: one CPU replica's datasets left as plain Keras iterates them (host_copies.py)",
     ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
      "_get_cross_device_ops"): "which collective reduces a value (reduces_on_host)",
     ("tensorflow.python.distribute", "distribute_utils", "is_sync_on_read"): "host homes skip sync-on-read variables",

@@ -240,3 +240,15 @@ class HostMirroredExtended(HostUpdateExtended, compat.mirrored_extended_class())
     def __init__(self, container_strategy, devices, cross_device_ops, host_device: str, on_host=None):
         super().__init__(container_strategy, devices=devices, cross_device_ops=cross_device_ops)
         self._init_host_update(host_device, on_host)
+
+    def _experimental_distribute_dataset(self, dataset, options):
+        # One CPU replica: nothing to split and nothing to place (the
+        # pipeline's tensors are in the replica's memory), so Keras iterates
+        # the dataset as it does without a strategy. tf.distribute's
+        # distributed iterator would add its get-next, its Optional and
+        # their dispatch to every step (0.3-0.6 ms on a tiny model here,
+        # benchmarks/step_trace.py). One GPU keeps it: it prefetches the
+        # next batch onto the GPU while the step runs.
+        if len(self.worker_devices) == 1 and "GPU" not in self.worker_devices[0].upper():
+            return dataset
+        return super()._experimental_distribute_dataset(dataset, options)
