@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import gc
 import importlib
 import inspect
 import pathlib
@@ -222,19 +221,6 @@ class _Scan:
                 if _private(name) and name in foreign and name not in self.own and name not in contract:
                     found.append(f"{where}:{child.lineno}: reaches {child.func.id}(..., {name!r})")
             self._visit(child, where, foreign, contract, own_modules, inside, found)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _earlier_objects_frozen():
-    """This module parses the source of every TensorFlow/Keras module loaded:
-    millions of short-lived AST nodes, whose garbage collections, in a test
-    process that has run many TensorFlow tests before, walk and free all
-    those tests left behind (one collection here read 44 s, another 130 s).
-    Frozen (gc.freeze), the objects from before are not walked; they are
-    unfrozen after the module."""
-    gc.freeze()
-    yield
-    gc.unfreeze()
 
 
 @pytest.fixture(scope="module")
