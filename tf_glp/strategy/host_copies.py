@@ -9,7 +9,8 @@ in cross-replica context, after the host sum.
 
 CPU-assisted data parallelism (ICPE 2018) needs only the *optimizer step* on
 the host. So the extended object below differs from MirroredStrategy's in
-two places and nowhere else:
+two places (and, with one CPU replica, in its input: the dataset is left
+as plain Keras iterates it, there being nothing to split or place):
 
 - Creation: a variable the optimizer creates (slots, EMA averages, gradient
   accumulators, Nadam's and Muon's extra state, the iteration counter,
