@@ -48,6 +48,11 @@ def default_devices(cpu_replicas: int | None) -> list[str]:
     return cpu_replica_devices(cpu_replicas)
 
 
+def all_gpus(devices) -> bool:
+    """Whether every one of these device names is a GPU."""
+    return all("gpu" in d.lower() for d in devices)
+
+
 def trains_on_one_device(devices, cpu_replicas: int | None) -> bool:
     """Whether `tf_glp.Strategy()` trains on one device: no devices and no
     replica count given (nor TF_GLP_CPU_REPLICAS), and no GPU. Logical CPU

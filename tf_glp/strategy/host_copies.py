@@ -49,6 +49,7 @@ import threading
 import tensorflow as tf
 
 from tf_glp._keras import compat
+from tf_glp.strategy.devices import all_gpus
 
 
 def _same_device(a: str, b: str) -> bool:
@@ -247,9 +248,9 @@ class HostMirroredExtended(HostUpdateExtended, compat.mirrored_extended_class())
         # pipeline's tensors are in the replica's memory), so Keras iterates
         # the dataset as it does without a strategy. tf.distribute's
         # distributed iterator would add its get-next, its Optional and
-        # their dispatch to every step (0.3-0.6 ms on a tiny model here,
+        # their dispatch to every step (0.3-0.7 ms on a tiny model here,
         # benchmarks/step_trace.py). One GPU keeps it: it prefetches the
         # next batch onto the GPU while the step runs.
-        if len(self.worker_devices) == 1 and "GPU" not in self.worker_devices[0].upper():
+        if len(self.worker_devices) == 1 and not all_gpus(self.worker_devices):
             return dataset
         return super()._experimental_distribute_dataset(dataset, options)

@@ -237,7 +237,7 @@ class Strategy(tf.distribute.Strategy):
     def uses_gpus(self) -> bool:
         """Whether every replica is a GPU (only then can the host's work
         overlap the replicas' compute)."""
-        return all("gpu" in d.lower() for d in self.extended.worker_devices)
+        return devices_lib.all_gpus(self.extended.worker_devices)
 
     def explain(self) -> str:
         """How the chunk count in use was chosen: the reason, and for
