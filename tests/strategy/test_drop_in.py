@@ -99,7 +99,9 @@ _REFERENCES: dict = {}
 
 
 def _reference(key, train):
-    """Stock MirroredStrategy's run, once per case for both modes."""
+    """A run the cases share, made by the first that reads it: stock
+    MirroredStrategy's run for both modes, and a list's branched run for all
+    its cases."""
     if key not in _REFERENCES:
         _REFERENCES[key] = train()
     return _REFERENCES[key]
@@ -133,37 +135,99 @@ def test_every_keras_optimizer(name, update, fused_calls):
     assert bool(fused_calls) == (update == "host" and fusable), name
 
 
+# Constraints and convolutions: one model per list, a branch per case (the
+# layers under test on their own input, flattened and joined before one Dense
+# head), so a list trains in one fit per strategy; each case compares its own
+# branch's weights and optimizer variables (and the shared loss and head).
+def _train_branches(strategy, branches, optimizer):
+    """branches: {case: (input_shape, make_layers(name))}. Returns the loss, every
+    weight and optimizer variable by path, each case's weight paths (the
+    head's under "head") and how many fused updates ran."""
+    keras.utils.set_random_seed(3)
+    shapes = sorted({shape for shape, _ in branches.values()}, key=len)
+    data = {shape: _data(shape, seed=i)[0] for i, shape in enumerate(shapes)}
+    calls = []
+    fused = tf_glp.ops.FusedKerasUpdate.apply
+    tf_glp.ops.FusedKerasUpdate.apply = lambda self, *a, **k: calls.append(1) or fused(self, *a, **k)
+    try:
+        with strategy.scope():
+            inputs = {shape: keras.Input(shape) for shape in shapes}
+            joined, owned = [], {}
+            for case, (shape, make_layers) in branches.items():
+                x, layers = inputs[shape], make_layers(case)
+                for layer in layers:
+                    x = layer(x)
+                joined.append(L.Flatten()(x))
+                owned[case] = layers
+            owned["head"] = [L.Dense(3, name="head")]
+            # (Named layers: the paths are the same in every run of the process.)
+            model = keras.Model([inputs[s] for s in shapes], owned["head"][0](L.Concatenate()(joined)),
+                                name="branches")
+            model.compile(optimizer=optimizer(), loss="mse")
+        history = model.fit([data[s] for s in shapes], _data(shapes[0])[1], batch_size=8, shuffle=False,
+                            verbose=0).history
+    finally:
+        tf_glp.ops.FusedKerasUpdate.apply = fused
+    return (history["loss"], {v.path: v.numpy() for v in model.weights},
+            # (Without the optimizer's name, numbered per process: adam_1/...)
+            {v.path.split("/", 1)[-1]: v.numpy() for v in model.optimizer.variables},
+            {case: [v.path for layer in layers for v in layer.weights] for case, layers in owned.items()},
+            len(calls))
+
+
+def _assert_same_branch(ours, reference, case):
+    """The loss, then the weights and optimizer variables of `case`'s branch
+    and of the head (Keras names an optimizer variable after its weight's
+    path, "/" written "_": Adam keeps two per weight)."""
+    np.testing.assert_allclose(ours[0], reference[0], rtol=RTOL, err_msg=f"{case}: loss")
+    assert ours[3] == reference[3] and ours[1].keys() == reference[1].keys() and ours[2].keys() == reference[2].keys()
+    weights = ours[3][case] + ours[3]["head"]
+    flat = {w.replace("/", "_") for w in weights}
+    slots = [path for path in reference[2] if path.rsplit("_", 1)[0] in flat]
+    assert weights and len(slots) == 2 * len(weights), (case, weights, slots)
+    for got, expected, paths in ((ours[1], reference[1], weights), (ours[2], reference[2], slots)):
+        for path in paths:
+            np.testing.assert_allclose(got[path], expected[path], rtol=RTOL, atol=ATOL, err_msg=f"{case}: {path}")
+
+
+def _every_constraint(strategy):
+    def branch(name):
+        constraint = getattr(keras.constraints, name)
+        return (6, 6, 4), lambda case: [
+            L.Conv2D(4, 3, kernel_constraint=constraint(), bias_constraint=constraint(), name=case),
+            L.Dense(5, kernel_constraint=constraint(), name=f"{case}_dense")]
+
+    return _train_branches(strategy, {name: branch(name) for name in _constraint_names()},
+                           lambda: keras.optimizers.Adam(0.05))
+
+
 @pytest.mark.parametrize("update", MODES)
 @pytest.mark.parametrize("name", _constraint_names())
-def test_every_keras_constraint(name, update, fused_calls):
-    constraint = getattr(keras.constraints, name)
+def test_every_keras_constraint(name, update):
+    reference = _reference("constraints", lambda: _every_constraint(mirrored()))
+    ours = _reference(("constraints", update), lambda: _every_constraint(glp(update)))
+    _assert_same_branch(ours, reference, name)
+    assert bool(ours[4]) == (update == "host")  # constraints no longer keep the fused update out
 
-    def layers():
-        return [L.Conv2D(4, 3, kernel_constraint=constraint(), bias_constraint=constraint()),
-                L.Dense(5, kernel_constraint=constraint())]
 
-    reference = _reference(("constraint", name), lambda: _train(mirrored(), layers, lambda: keras.optimizers.Adam(0.05)))
-    ours = _train(glp(update), layers, lambda: keras.optimizers.Adam(0.05))
-    _assert_same(ours, reference, name)
-    assert bool(fused_calls) == (update == "host")  # constraints no longer keep the fused update out
+def _every_convolution(strategy):
+    def branch(case):
+        cls, extra = CONVOLUTIONS[case]
+        rank = int(re.search(r"(\d)D", cls.__name__).group(1))
+        if "Depthwise" in cls.__name__:
+            return (5,) * rank + (4,), lambda case: [cls(kernel_size=2, name=case, **extra)]
+        return (5,) * rank + (4,), lambda case: [cls(4, kernel_size=2, name=case, **extra)]
+
+    return _train_branches(strategy, {case: branch(case) for case in sorted(CONVOLUTIONS)},
+                           lambda: keras.optimizers.Adam(0.01))
 
 
 @pytest.mark.parametrize("update", MODES)
 @pytest.mark.parametrize("case", sorted(CONVOLUTIONS))
 def test_every_keras_convolution(case, update):
-    cls, extra = CONVOLUTIONS[case]
-    rank = int(re.search(r"(\d)D", cls.__name__).group(1))
-    input_shape = (5,) * rank + (4,)
-
-    def layers():
-        if "Depthwise" in cls.__name__:
-            return [cls(kernel_size=2, **extra)]
-        return [cls(4, kernel_size=2, **extra)]
-
-    reference = _reference(("convolution", case), lambda: _train(mirrored(), layers, lambda: keras.optimizers.Adam(0.01),
-                                                                 input_shape, epochs=1))
-    ours = _train(glp(update), layers, lambda: keras.optimizers.Adam(0.01), input_shape, epochs=1)
-    _assert_same(ours, reference, case)
+    reference = _reference("convolutions", lambda: _every_convolution(mirrored()))
+    _assert_same_branch(_reference(("convolutions", update), lambda: _every_convolution(glp(update))),
+                        reference, case)
 
 
 # -- custom training loops ------------------------------------------------------

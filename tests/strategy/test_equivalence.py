@@ -70,11 +70,10 @@ CASES = [
 _REFERENCES: dict = {}
 
 
-def _mirrored_reference(n_replicas, optimizer_name):
-    """MirroredStrategy's weights, trained once per (replicas, optimizer)."""
-    key = (n_replicas, optimizer_name)
+def _once(key, train):
+    """MirroredStrategy's run, trained once for the cases that share it."""
     if key not in _REFERENCES:
-        _REFERENCES[key] = train(mirrored(n_replicas), optimizer_name, n_replicas)
+        _REFERENCES[key] = train()
     return _REFERENCES[key]
 
 
@@ -84,7 +83,7 @@ def test_same_weights_as_mirrored_strategy(n_replicas, optimizer_name, update, c
     original_apply = tf_glp.ops.FusedKerasUpdate.apply
     monkeypatch.setattr(tf_glp.ops.FusedKerasUpdate, "apply",
                         lambda self, *a, **k: fused_calls.append(1) or original_apply(self, *a, **k))
-    reference = _mirrored_reference(n_replicas, optimizer_name)
+    reference = _once((n_replicas, optimizer_name), lambda: train(mirrored(n_replicas), optimizer_name, n_replicas))
     ours = train(tf_glp.Strategy(_devices(n_replicas), update=update, chunking=chunking), optimizer_name, n_replicas)
     # The fused host update ran (at trace time, once per chunk) exactly when it should.
     assert bool(fused_calls) == (update == "host" and optimizer_name != "rmsprop")
@@ -128,7 +127,7 @@ def test_tf_data_input_same_weights_as_mirrored_strategy(case, update):
         history = model.fit(dataset, verbose=0, **{"epochs": 1, **kwargs}).history
         return history["loss"], [w.numpy() for w in model.weights]
 
-    reference_loss, reference = fit(mirrored(2))
+    reference_loss, reference = _once(("tf.data", case), lambda: fit(mirrored(2)))
     loss, ours = fit(tf_glp.Strategy(_devices(2), update=update, chunking="none"))
     np.testing.assert_allclose(loss, reference_loss, rtol=1e-5)
     for a, b in zip(ours, reference):
