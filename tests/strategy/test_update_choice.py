@@ -33,15 +33,16 @@ def _fake_clock(ms_per_step: dict[str, float], calls: list | None = None):
     """A clock under which a step of each candidate takes the given time:
     the measurement reads it at the start and the end of every round, with
     the candidate timed set as the strategy's concept (`clock.strategy`)."""
-    state = {"now": 0.0, "reads": 0}
+    state = {"now": 0.0}
 
     def clock():
+        # Each read moves the clock on by one step of the candidate timed: a
+        # round (of one step: _strategy) reads it at its start and end.
         if calls is not None:
             calls.append(1)
-        state["reads"] += 1
-        if state["reads"] % 2 == 0:  # the end of a round (of one step: _strategy)
-            state["now"] += ms_per_step[clock.strategy.concept] / 1e3
-        return state["now"]
+        now = state["now"]
+        state["now"] += ms_per_step[clock.strategy.concept] / 1e3
+        return now
 
     return clock
 
@@ -182,23 +183,33 @@ def test_what_is_not_measured_says_why(tmp_path):
     assert not calls
 
 
-def test_a_candidate_that_fails_is_left_out_and_named(monkeypatch, tmp_path):
+@pytest.mark.parametrize("when", ["traced", "timed"])
+def test_a_candidate_that_fails_is_left_out_and_named(when, monkeypatch, tmp_path):
     """On GPUs "replicas" and "all-reduce" hold the optimizer state on every
     GPU and may run out of memory where "host" fits: such a candidate is
-    left out (its error in explain()) and training goes on."""
+    left out (its error in explain()) and training goes on, whether it
+    fails while traced or in a timed round (at run time: here its third
+    step, the first timed one)."""
     original = AutoStrategy._sum_gradients
+    steps = tf.Variable(0)
 
     def sum_gradients(self, grads, loss_scaled):
-        if self.concept == "replicas":
+        if self.concept == "replicas" and when == "traced":
             raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor\nmore detail")
+        if self.concept == "replicas":  # (each of the 2 replicas counts)
+            check = tf.debugging.assert_less(steps.assign_add(1), 5, message="OOM in a timed round")
+            with tf.control_dependencies([check]):
+                grads = [tf.identity(g) for g in grads]
         return original(self, grads, loss_scaled)
 
     monkeypatch.setattr(AutoStrategy, "_sum_gradients", sum_gradients)
-    strategy = _strategy(clock=_fake_clock({"host": 3.0, "all-reduce": 1.0}), plan_path=None)
+    strategy = _strategy(clock=_fake_clock({"host": 3.0, "replicas": 0.5, "all-reduce": 1.0}), plan_path=None)
     model, history = _train(strategy, epochs=1)
-    assert strategy.concept == "all-reduce" and set(strategy.update_choice.times_ms) == {"host", "all-reduce"}
-    assert "'replicas' failed and was left out (ResourceExhaustedError: OOM when allocating tensor)" in (
+    assert strategy.concept == "all-reduce" and set(strategy.update_choice.times_ms) == {"host", "all-reduce"}, (
         strategy.explain())
+    error = {"traced": "ResourceExhaustedError: OOM when allocating tensor",
+             "timed": "InvalidArgumentError: assertion failed: [OOM in a timed round]"}[when]
+    assert f"'replicas' failed and was left out ({error}" in strategy.explain()
     assert np.isfinite(history["loss"]).all()
 
 

@@ -44,6 +44,7 @@ with no entry yet is measured and added.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 import warnings
@@ -281,9 +282,10 @@ def measure(model, strategy, data, candidates, choice: UpdateChoice, set_concept
             ) -> dict[str, list[float]]:
     """Times every candidate on one batch `data` (a built model; see the
     module docstring); returns {candidate: [ms per step, one per round]}.
-    A candidate other than the default whose trace or step raises is left
-    out, its error put in `failed`. The model's variables and metrics end
-    as they started; the user's optimizer is untouched."""
+    A candidate other than the default whose trace or any step raises (in a
+    timed round too) is left out, its error put in `failed`. The model's
+    variables and metrics end as they started; the user's optimizer is
+    untouched."""
     user_optimizer = model.optimizer
     restore = _variables_kept(strategy, model)
     dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(data).repeat())
@@ -306,9 +308,7 @@ def measure(model, strategy, data, candidates, choice: UpdateChoice, set_concept
                 # The default is what trains without "auto": its error is the
                 # user's. Another candidate that fails (on GPUs: out of memory
                 # with every replica holding the optimizer state) is left out.
-                if name == DEFAULT:
-                    raise
-                failed[name] = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+                _left_out(name, error, failed)
         steps = max(1, min(choice.steps, round(ROUND_S / max(min(f[2] for f in functions.values()), 1e-6))))
         times = {name: [] for name in functions}
         for index in range(choice.rounds):
@@ -317,12 +317,17 @@ def measure(model, strategy, data, candidates, choice: UpdateChoice, set_concept
                 for name in [n for n in functions if n != DEFAULT]:
                     if min(times[name]) > DROP_RATIO * slowest_default:
                         del functions[name]
-            for name, (function, iterator, _) in functions.items():
+            for name, (function, iterator, _) in list(functions.items()):
                 set_concept(name)  # (read by an injected clock; a traced function keeps its concept)
                 start = choice.clock()
-                for _ in range(steps):
-                    result = function(iterator)
-                _sync(result)
+                try:
+                    for _ in range(steps):
+                        result = function(iterator)
+                    _sync(result)
+                except Exception as error:  # noqa: BLE001 (as in its first steps; the variables are restored below)
+                    _left_out(name, error, failed)
+                    del functions[name], times[name]
+                    continue
                 times[name].append(1e3 * (choice.clock() - start) / steps)
         return times
     finally:
@@ -331,6 +336,26 @@ def measure(model, strategy, data, candidates, choice: UpdateChoice, set_concept
         model.train_function = None
         restore()
         model.reset_metrics()
+
+
+def _left_out(name: str, error: Exception, failed: dict[str, str]) -> None:
+    """Puts a failed candidate's error in `failed`; the default's is raised."""
+    if name == DEFAULT:
+        raise error
+    failed[name] = f"{type(error).__name__}: {_gist(error)[:200]}"
+
+
+def _gist(error: Exception) -> str:
+    """The line of an error that says what went wrong: a step's error from
+    TensorFlow begins "Graph execution error:", the node's Python stack
+    (indented), then "N root error(s) found." and "  (0) CODE: what"."""
+    text = str(error)
+    root = re.search(r"^\s*\(0\) [A-Z_]+:\s*(.+)$", text, re.MULTILINE)
+    if root:
+        return root.group(1).strip()
+    lines = [line for line in text.splitlines() if line.strip() and not line[0].isspace()
+             and not line.startswith(("Graph execution error", "Detected at node"))]
+    return lines[0].strip() if lines else ""
 
 
 def _sync(result) -> None:
