@@ -6,6 +6,10 @@ started by tf_glp.launch, running tests/strategy/multi_worker_job.py.
   with update="host" and update="replicas";
 - a worker killed mid-epoch, then the job restarted with BackupAndRestore,
   ends bitwise where the uninterrupted job ends;
+- with ConcurrencyProfiler (update="host"'s job) every worker runs the
+  chief's concurrency plan;
+- micro-batched workers train bitwise like one replica, and restarted as one
+  process end where the uninterrupted job ends;
 - workers started differently fail with a message naming the difference.
 
 Joining the cluster (TF_CONFIG, ports, a worker that never comes):
