@@ -7,6 +7,7 @@ that concept named); the plan file is reused, and a corrupt or foreign one
 measured again with a warning."""
 
 import json
+import random
 import warnings
 
 import keras
@@ -100,6 +101,30 @@ def test_the_measured_choice_trains_bitwise_like_that_concept(fastest, exact_ari
     named = (tf.distribute.MirroredStrategy(DEVICES) if fastest == "all-reduce"
              else tf_glp.Strategy(DEVICES, update=fastest))
     reference, reference_history = _train(named, epochs=1)
+    for (path, a), (_, b) in zip(_state(model), _state(reference), strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=path)
+    assert history == reference_history
+
+
+@pytest.mark.parametrize("alone_ms", [1.0, 5.0], ids=["faster", "slower"])
+def test_one_device_alone_is_timed_and_named_but_not_switched_to(alone_ms, exact_arithmetic):
+    """Where the replicas are GPUs (here asked for on logical CPUs), a copy of
+    the model is timed on the first device alone, in the candidates'
+    rounds: explain() says whether it trains faster, the devices stay, and
+    the measurement leaves no trace (the copy's initializers draw from
+    Python's random: put back)."""
+    strategy = _strategy(clock=_fake_clock({"host": 3.0, "replicas": 4.0, "all-reduce": 4.0,
+                                            "CPU:0 alone": alone_ms}), plan_path=None)
+    strategy.update_choice.alone = True
+    model, history = _train(strategy, epochs=1)
+    drawn = random.random()
+    # (5 ms is more than 1.5x host's 3: not timed after 3 rounds.)
+    assert len(strategy.update_choice.times_ms["CPU:0 alone"]) == (7 if alone_ms == 1.0 else 3)
+    assert strategy.concept == "host" and strategy.num_replicas_in_sync == 2
+    assert ("CPU:0 alone measured 3.00x faster than the 2 replicas for this model and batch" if alone_ms == 1.0
+            else "CPU:0 alone is not faster than the replicas") in strategy.explain()
+    reference, reference_history = _train(tf_glp.Strategy(DEVICES, update="host"), epochs=1)
+    assert drawn == random.random()  # what a script draws next (a model it builds next)
     for (path, a), (_, b) in zip(_state(model), _state(reference), strict=True):
         np.testing.assert_array_equal(a, b, err_msg=path)
     assert history == reference_history

@@ -85,9 +85,10 @@ class Strategy(tf.distribute.Strategy):
         update: "auto" (at the start of the first fit, "host",
             "replicas" and TensorFlow's own all-reduce each run a few steps
             on the model and its first batch; the fastest beyond the spread
-            is kept and written to `plan_path`: update_choice.py; with
-            micro_batches or across workers "auto" runs "host", not
-            measured), "host" (optimizer runs once, on the host) or
+            is kept and written to `plan_path`: update_choice.py; on GPUs
+            explain() also says whether the first GPU alone would train
+            the model faster; with micro_batches or across workers "auto"
+            runs "host", not measured), "host" (optimizer runs once, on the host) or
             "replicas" (every replica applies the host-summed gradients).
             An explicit "host" or "replicas" skips the measurement.
             Default: "auto".

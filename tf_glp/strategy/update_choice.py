@@ -26,6 +26,12 @@ metrics are reset, the user's optimizer (never stepped) is built under the
 chosen concept by fit as usual, and fit traces its train function once
 more: one retrace in all, on top of the candidates' traces.
 
+Where the replicas are GPUs, a copy of the model (its architecture and
+compile settings, new weights and optimizer) is also timed on the first
+GPU alone, the global batch in one step, interleaved with the candidates:
+the reason says whether one GPU would train this model faster than the
+replicas. The devices are not switched (that is the user's call).
+
 Not measured (the reason is in explain()): micro_batches (only a concept
 proven to keep the micro-batched result bitwise is used: "host"), an
 optimizer built before the first fit (its state already lives where "host"
@@ -44,6 +50,7 @@ with no entry yet is measured and added.
 from __future__ import annotations
 
 import json
+import random
 import re
 import statistics
 import time
@@ -76,15 +83,18 @@ class UpdateChoice:
             long: ROUND_S). Defaults to `4`.
         clock: Seconds as a float (tests inject one). Defaults to
             `time.perf_counter`.
+        alone: Also time a copy of the model on the first replica's device
+            alone (see the module docstring). Defaults to `None`: where the
+            replicas are GPUs.
     """
 
-    def __init__(self, rounds: int = 7, steps: int = 4, clock=time.perf_counter):
+    def __init__(self, rounds: int = 7, steps: int = 4, clock=time.perf_counter, alone: bool | None = None):
         self.concept = DEFAULT
         self.decided = False
         self.reason = "decided at the start of the first fit"
         self.times_ms: dict[str, list[float]] = {}
         self.source = ""  # "measured", "reused PATH" or "" (not measured)
-        self.rounds, self.steps, self.clock = rounds, steps, clock
+        self.rounds, self.steps, self.clock, self.alone = rounds, steps, clock, alone
 
     def decide(self, concept: str, reason: str, times_ms: dict | None = None, source: str = "") -> None:
         self.concept, self.reason, self.decided, self.source = concept, reason, True, source
@@ -214,11 +224,23 @@ def decide(strategy, model, arguments: dict, batch: int | None) -> None:
                                f"{error}) (not measured)")
         return
     candidates = [c for c in CANDIDATES if not (c == "all-reduce" and strategy.compression)]
+    alone = {}
+    if choice.alone if choice.alone is not None else strategy.uses_gpus():
+        device = strategy.extended.worker_devices[0]
+        spec = tf.DeviceSpec.from_string(device)
+        alone[f"{spec.device_type}:{spec.device_index} alone"] = lambda: _alone(model, device, data)
     failed: dict[str, str] = {}
-    times = measure(model, strategy, data, candidates, choice, lambda name: setattr(choice, "concept", name), failed)
-    concept, why = choose(times)
+    times = measure(model, strategy, data, candidates, choice, lambda name: setattr(choice, "concept", name), failed,
+                    alone)
+    concept, why = choose({name: ms for name, ms in times.items() if name in candidates})
     for name, error in failed.items():
         why += f"; {name!r} failed and was left out ({error})"
+    for name in alone:
+        if name in times:
+            wins, gain = optimizer_step.beats(times[concept], times[name])
+            why += (f"; {name} measured {gain:.2f}x faster than the {len(strategy.extended.worker_devices)} "
+                    f"replicas for this model and batch (tf_glp does not switch devices: pass them to "
+                    f"tf_glp.Strategy)" if wins else f"; {name} is not faster than the replicas")
     if strategy.compression:
         why += f" (compression={strategy.compression!r} applies to the host's sums only: no all-reduce)"
     choice.decide(concept, why, times, source="measured")
@@ -278,14 +300,15 @@ def _variables_kept(strategy, model):
     return restore
 
 
-def measure(model, strategy, data, candidates, choice: UpdateChoice, set_concept, failed: dict[str, str]
-            ) -> dict[str, list[float]]:
+def measure(model, strategy, data, candidates, choice: UpdateChoice, set_concept, failed: dict[str, str],
+            alone: dict | None = None) -> dict[str, list[float]]:
     """Times every candidate on one batch `data` (a built model; see the
-    module docstring); returns {candidate: [ms per step, one per round]}.
-    A candidate other than the default whose trace or any step raises (in a
-    timed round too) is left out, its error put in `failed`. The model's
-    variables and metrics end as they started; the user's optimizer is
-    untouched."""
+    module docstring), and each of `alone` ({name: a function returning a
+    train function and its iterator}) in the same rounds; returns {name:
+    [ms per step, one per round]}. One other than the default whose trace
+    or any step raises (in a timed round too) is left out, its error put in
+    `failed`. The model's variables and metrics end as they started; the
+    user's optimizer is untouched."""
     user_optimizer = model.optimizer
     restore = _variables_kept(strategy, model)
     dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(data).repeat())
@@ -299,15 +322,16 @@ def measure(model, strategy, data, candidates, choice: UpdateChoice, set_concept
                     scratch.build(model.trainable_variables)
                 model.optimizer = scratch
                 model.make_train_function(force=True)
-                function, iterator = model.train_function, iter(dataset)
-                _sync(function(iterator))  # traces
-                start = time.perf_counter()
-                _sync(function(iterator))  # how long a step takes: how many make a round
-                functions[name] = (function, iterator, time.perf_counter() - start)
+                functions[name] = _warmed_up(model.train_function, iter(dataset))
             except Exception as error:  # noqa: BLE001
                 # The default is what trains without "auto": its error is the
                 # user's. Another candidate that fails (on GPUs: out of memory
                 # with every replica holding the optimizer state) is left out.
+                _left_out(name, error, failed)
+        for name, make in (alone or {}).items():
+            try:
+                functions[name] = _warmed_up(*make())
+            except Exception as error:  # noqa: BLE001 (a model clone_model cannot copy, say)
                 _left_out(name, error, failed)
         steps = max(1, min(choice.steps, round(ROUND_S / max(min(f[2] for f in functions.values()), 1e-6))))
         times = {name: [] for name in functions}
@@ -336,6 +360,33 @@ def measure(model, strategy, data, candidates, choice: UpdateChoice, set_concept
         model.train_function = None
         restore()
         model.reset_metrics()
+
+
+def _warmed_up(function, iterator) -> tuple:
+    """(function, iterator, seconds of one step) after a first step (the
+    trace) and a second (how long a step takes: how many make a round)."""
+    _sync(function(iterator))
+    start = time.perf_counter()
+    _sync(function(iterator))
+    return function, iterator, time.perf_counter() - start
+
+
+def _alone(model, device: str, data) -> tuple:
+    """fit's train function for a copy of `model` on `device` alone (its
+    architecture and compile settings, new weights and optimizer), and an
+    iterator over `data` there."""
+    one = tf.distribute.OneDeviceStrategy(device)
+    kept = random.getstate()  # (the copy's initializers draw their seeds from Python's random)
+    try:
+        with warnings.catch_warnings(), one.scope():
+            warnings.simplefilter("ignore")  # (a custom compile(): the copy is not compiled, and fails below)
+            copy = keras.models.clone_model(model)
+            copy.compile_from_config(model.get_compile_config())
+            compat.symbolic_build(copy, data)
+            copy.make_train_function()
+    finally:
+        random.setstate(kept)
+    return copy.train_function, iter(one.experimental_distribute_dataset(tf.data.Dataset.from_tensors(data).repeat()))
 
 
 def _left_out(name: str, error: Exception, failed: dict[str, str]) -> None:
