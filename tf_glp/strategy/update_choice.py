@@ -225,7 +225,7 @@ def decide(strategy, model, arguments: dict, batch: int | None) -> None:
         return
     candidates = [c for c in CANDIDATES if not (c == "all-reduce" and strategy.compression)]
     alone = {}
-    if choice.alone if choice.alone is not None else strategy.uses_gpus():
+    if strategy.uses_gpus() if choice.alone is None else choice.alone:
         device = strategy.extended.worker_devices[0]
         spec = tf.DeviceSpec.from_string(device)
         alone[f"{spec.device_type}:{spec.device_index} alone"] = lambda: _alone(model, device, data)
