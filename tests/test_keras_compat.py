@@ -106,6 +106,9 @@ def test_trainer_and_layer_internals_of_micro_batches():
     assert compat.call_has_training_arg(model) is True
     assert isinstance(compat.loss_tracker(model), keras.metrics.Mean)
     assert "drop" in [layer.name for layer in compat.all_layers(model)]
+    assert not compat.nothing_to_build(model)  # the optimizer, the compiled loss: not built yet
+    model.fit(np.ones((2, 4), np.float32), np.zeros((2, 2), np.float32), verbose=0)
+    assert compat.nothing_to_build(model)
     x, y = np.ones((2, 4), np.float32), np.zeros((2, 2), np.float32)
     loss = compat.compute_loss(model, x, y, model(x), None)
     assert loss.shape == ()

@@ -33,6 +33,35 @@ def _digits(n=256):
     return x, y
 
 
+@pytest.mark.parametrize("way", ["one device", "host 2 replicas"])
+def test_a_built_model_reads_its_input_as_often_as_plain_keras(way):
+    """Keras' fit and evaluate under a strategy make a new iterator and read
+    a batch from it to build what is unbuilt, even when nothing is; without
+    a strategy they do not, and neither does tf_glp: an input is started
+    once per epoch and evaluate, as plain Keras starts it."""
+    x, y = _digits(64)
+    starts = []
+
+    def batches():
+        starts.append(1)
+        for i in range(0, 64, 16):
+            yield x[i:i + 16], y[i:i + 16]
+
+    dataset = tf.data.Dataset.from_generator(batches, output_signature=(
+        tf.TensorSpec((None, 8, 8, 1), tf.float32), tf.TensorSpec((None,), tf.int64)))
+    counts = {}
+    for name, strategy in (("plain Keras", tf.distribute.get_strategy()),
+                           (way, tf_glp.Strategy() if way == "one device"
+                            else tf_glp.Strategy(["/cpu:0", "/cpu:1"], update="host"))):
+        model = _model(strategy)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)  # builds everything
+        starts.clear()
+        model.fit(dataset, epochs=2, verbose=0)
+        model.evaluate(dataset, verbose=0)
+        counts[name] = len(starts)
+    assert counts == {"plain Keras": 3, way: 3}
+
+
 @pytest.mark.parametrize("update", ["host", "replicas"])
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_fit_evaluate_predict_save_load(update, replicas, tmp_path):

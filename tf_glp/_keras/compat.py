@@ -79,7 +79,8 @@ INTERNALS = {
         "the model and its compiled loss and metrics built as fit builds them, before update='auto' "
         "measures (symbolic_build)",
     ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "_maybe_symbolic_build"):
-        "its multi-worker bug is worked around in MultiWorker*Strategy.reduce (strategy.py)",
+        "patched: skipped once nothing is left to build (nothing_to_build); its multi-worker bug is worked "
+        "around in MultiWorker*Strategy.reduce (strategy.py)",
     ("keras.src.callbacks.backup_and_restore", "BackupAndRestore", "_should_save_on_batch"):
         "subclassed: calls _save_model every save_freq batches (tf_glp.callbacks.BackupAndRestore)",
     ("keras.src.callbacks.backup_and_restore", "BackupAndRestore", "_save_model"):
@@ -124,7 +125,8 @@ INTERNALS = {
 # an optimizer's slot lists (adam_slots, built_variables), the Keras
 # name-scope stack (creating_optimizer_variable), a Keras variable's
 # tf.Variable (keras_variable_value), a model's `_loss_tracker` and
-# `_call_has_training_arg` (micro-batches),
+# `_call_has_training_arg` (micro-batches), its `_compile_metrics` and
+# `_compile_loss` (nothing_to_build),
 # a model's `_initial_epoch` and a
 # callback's `_last_batch_seen` (tf_glp.callbacks.BackupAndRestore), and a
 # built Conv2D / Dense layer's `_kernel` and `_build_shapes_dict`, which
@@ -182,6 +184,16 @@ def call_has_training_arg(model) -> bool:
 def all_layers(model) -> list:
     """Every layer inside `model`, nested ones included."""
     return list(model._flatten_layers(include_self=False, recursive=True))  # noqa: SLF001
+
+
+def nothing_to_build(model) -> bool:
+    """Whether Keras' symbolic build would build nothing: every layer, the
+    compiled metrics and loss, and the optimizer built (the checks of
+    Trainer._symbolic_build, whose last step, _post_build, does nothing in
+    the TensorFlow backend)."""
+    metrics, loss = model._compile_metrics, model._compile_loss  # noqa: SLF001
+    return (all(layer.built for layer in all_layers(model)) and (metrics is None or metrics.built)
+            and (loss is None or loss.built) and (model.optimizer is None or model.optimizer.built))
 
 
 # -- optimizer internals ------------------------------------------------------

@@ -270,8 +270,21 @@ def _install_model_hooks() -> None:
             return original(*bound.args, **bound.kwargs)
         return fit
 
+    def symbolic_build_wrapper(original):
+        # Keras runs this at the start of every fit and evaluate under a
+        # strategy: it makes a new (distributed) iterator and reads a batch
+        # from it, only to find nothing left to build once the first fit
+        # built everything. Plain Keras (no strategy) skips it; so does
+        # tf_glp then (10-15 ms per call on one device, more on replicas).
+        def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+            if _glp_strategy(self) is not None and compat.nothing_to_build(self):
+                return None
+            return original(self, iterator=iterator, data_batch=data_batch)
+        return _maybe_symbolic_build
+
     _wrap(_TRAINER, "compile", compile_wrapper)
     _wrap(_TF_TRAINER, "fit", fit_wrapper)
+    _wrap(_TF_TRAINER, "_maybe_symbolic_build", symbolic_build_wrapper)
 
 
 def install_micro_batch_wrappers(seed_next, batch_norm_moments, scale_for_distribution) -> None:
