@@ -4,7 +4,8 @@ every constraint in keras.constraints, every convolution layer in
 keras.layers (grouped variants too). A class Keras adds joins these tests
 without anyone writing one. Each trains in both modes and is compared with
 MirroredStrategy (ReductionToOneDevice): weights and optimizer variables to
-rtol 1e-5. Also: custom training loops (with and without accumulation and
+rtol 1e-5 (the constraints and the convolutions as branches of one model per
+list: one fit per strategy). Also: custom training loops (with and without accumulation and
 explicit loss scaling), `strategy.run` variable reads, and `train_step`
 overrides."""
 
@@ -82,13 +83,13 @@ def _data(input_shape, n=32, seed=0):
     return rng.standard_normal((n, *input_shape)).astype(np.float32), rng.standard_normal((n, 3)).astype(np.float32)
 
 
-def _train(strategy, make_layers, optimizer, input_shape=(6, 6, 4), epochs=1):
-    x, y = _data(input_shape)
+def _train(strategy, make_layers, optimizer):
+    x, y = _data((6, 6, 4))
     keras.utils.set_random_seed(3)
     with strategy.scope():
-        model = keras.Sequential([keras.Input(input_shape), *make_layers(), L.Flatten(), L.Dense(3)])
+        model = keras.Sequential([keras.Input((6, 6, 4)), *make_layers(), L.Flatten(), L.Dense(3)])
         model.compile(optimizer=optimizer(), loss="mse")
-    history = model.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0).history
+    history = model.fit(x, y, batch_size=8, shuffle=False, verbose=0).history
     # What the comparison reads: the loss, then (path, value) of every weight
     # and optimizer variable.
     return (history["loss"], [(v.path, v.numpy()) for v in model.weights],
