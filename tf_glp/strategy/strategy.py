@@ -88,8 +88,9 @@ class Strategy(tf.distribute.Strategy):
             is kept and written to `plan_path`: update_choice.py; on GPUs
             explain() also says whether the first GPU alone would train
             the model faster; with micro_batches or across workers "auto"
-            runs "host", not measured), "host" (optimizer runs once, on the host) or
-            "replicas" (every replica applies the host-summed gradients).
+            runs "host", not measured), "host" (optimizer runs once, on
+            the host) or "replicas" (every replica applies the host-summed
+            gradients).
             An explicit "host" or "replicas" skips the measurement.
             Default: "auto".
         chunking: "auto" (decided at the start of the first fit: one chunk
