@@ -15,17 +15,18 @@ from tf_glp.bench import compare
 def test_tiny_run_writes_report_json_and_plots(tmp_path):
     # (Every run is a process of its own, ~8 s: the stock multi-replica
     # concepts, and plain Keras, are built in-process by the next test
-    # instead, and the lstm workload runs in the crash-retry test. The
+    # instead, the lstm workload runs in the crash-retry test, and a list of
+    # replica counts is parsed in test_replica_and_worker_lists. The
     # multi-worker concepts run here on 2 local workers.)
     out = str(tmp_path / "out")
-    assert compare.main(["--workload", "cnn", "--replicas", "1,2", "--workers", "2", "--steps", "3",
+    assert compare.main(["--workload", "cnn", "--replicas", "2", "--workers", "2", "--steps", "3",
                          "--concepts", "one-device,tf_glp-host", "--batch-per-replica", "16", "--out", out]) == 0
     report = open(os.path.join(out, "report.md")).read()
     results = json.load(open(os.path.join(out, "results.json")))
     assert sorted(p for p in os.listdir(out) if p.endswith(".png")) == sorted(
         f"cnn_{k}.png" for k in ("throughput", "efficiency", "loss"))
     assert results["machine"]["cores"] == os.cpu_count() and "tensorflow" in results["machine"]
-    assert len(results["runs"]) == 1 + 2 + 2  # one-device; tf_glp-host on 2; the two multi-worker concepts
+    assert len(results["runs"]) == 1 + 1 + 2  # one-device; tf_glp-host on 2; the two multi-worker concepts
     assert "plain-keras" in compare.DEFAULT_CONCEPTS  # the most common peer, in every default comparison
     summary = results["summary"]
     # Stock MultiWorkerMirroredStrategy is reported either way (under Keras
@@ -115,6 +116,18 @@ def test_a_crashed_run_runs_once_more_and_the_report_says_so(tmp_path, monkeypat
     calls.clear()
     monkeypatch.setattr(compare, "_run_one", lambda spec, timeout: calls.append(1) or {"ok": False, "error": "E"})
     assert compare._run_retrying_a_crash({}, 1) == {"ok": False, "error": "E"} and calls == [1]
+
+
+def test_replica_and_worker_lists():
+    """Each replica count runs every multi-replica concept; a one-device
+    concept runs once; each worker count runs both multi-worker concepts."""
+    args = compare.parse_args(["--replicas", "4,1,2,2", "--workers", "2", "--seeds", "2",
+                               "--concepts", "one-device,tf_glp-host"])
+    assert args.replicas == [1, 2, 4] and args.workers == [2]
+    runs = [(r["concept"], r["replicas"], r.get("workers", 1), r["seed"]) for r in compare._runs(args)]
+    assert runs == [("one-device", 1, 1, 0), ("one-device", 1, 1, 1)] + [
+        ("tf_glp-host", n, 1, seed) for n in (1, 2, 4) for seed in (0, 1)] + [
+        (concept, 1, 2, seed) for concept in compare.MULTI_WORKER_CONCEPTS for seed in (0, 1)]
 
 
 @pytest.mark.parametrize("argv,message", [
