@@ -31,9 +31,16 @@ def _earlier_objects_frozen():
     full collection): TensorFlow's and Keras' modules, the caches earlier
     files left. A full collection then walks only this file's objects: in a
     long-lived test process the collections that walked everything took
-    0.5-0.9 s each (and single ones 44 s and 130 s, in the boundary test,
-    which parses millions of AST nodes); with TensorFlow's and Keras'
-    modules frozen, 0.15-0.3 s (a loop of 30 small fits, measured)."""
+    0.5-0.9 s each; with TensorFlow's and Keras' modules frozen, 0.15-0.3 s
+    (a loop of 30 small fits, measured).
+
+    A collection can still take 5-115 s now and then, whichever it is: it
+    frees a tf.data iterator held in a reference cycle, and the iterator's
+    destructor waits, with the GIL held, for one of tf.data's autotuning
+    threads (py-spy and gdb during such a pause: the collecting thread in
+    RootDataset::Iterator::~Iterator, two Model::OptimizeLoop threads in a
+    timed wait; 0.8 s of CPU in a 115-s pause). Not reproduced outside the
+    suite (TensorFlow 2.21)."""
     gc.collect()
     gc.freeze()
     yield
