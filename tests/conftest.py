@@ -27,21 +27,23 @@ gc.set_threshold(50_000, 20, 20)
 
 @pytest.fixture(scope="module", autouse=True)
 def _earlier_objects_frozen():
-    """Each test file starts with what is alive frozen (gc.freeze after a
-    full collection): TensorFlow's and Keras' modules, the caches earlier
-    files left. A full collection then walks only this file's objects: in a
-    long-lived test process the collections that walked everything took
-    0.5-0.9 s each; with TensorFlow's and Keras' modules frozen, 0.15-0.3 s
-    (a loop of 30 small fits, measured).
+    """Each test file starts with what the earlier ones left frozen
+    (gc.freeze): TensorFlow's and Keras' modules, their caches, and the
+    earlier files' uncollected garbage. A collection then walks only this
+    file's objects: in a long-lived test process the collections that
+    walked everything took 0.5-0.9 s each; with TensorFlow's and Keras'
+    modules frozen, 0.15-0.3 s (a loop of 30 small fits, measured).
 
-    A collection can still take 5-115 s now and then, whichever it is: it
-    frees a tf.data iterator held in a reference cycle, and the iterator's
-    destructor waits, with the GIL held, for one of tf.data's autotuning
-    threads (py-spy and gdb during such a pause: the collecting thread in
-    RootDataset::Iterator::~Iterator, two Model::OptimizeLoop threads in a
-    timed wait; 0.8 s of CPU in a 115-s pause). Not reproduced outside the
-    suite (TensorFlow 2.21)."""
-    gc.collect()
+    The earlier files' garbage is frozen, not collected (each process
+    holds at most about 4 GB so): collecting it stalled the suite. Now and
+    then a collection frees a tf.data iterator abandoned in a reference
+    cycle, and the iterator's destructor waits, with the GIL held, for one
+    of tf.data's autotuning threads: py-spy and gdb during such pauses show
+    the collecting thread in RootDataset::Iterator::~Iterator and two
+    Model::OptimizeLoop threads in a timed wait (a 115-s pause with 0.8 s
+    of CPU). Three of five suite runs paused 21-116 s so at the same
+    boundary (after test_micro_batches.py); not reproduced with that file
+    alone (TensorFlow 2.21). Such a pause inside a file still happens."""
     gc.freeze()
     yield
 
