@@ -3,6 +3,7 @@
 # Python 3.11, pip and a C++ compiler:
 #   tools/dev.sh quickstart   # install into .venv, run examples/quickstart.py
 #   tools/dev.sh test         # install into .venv, run native + Python tests
+#   tools/dev.sh sanitize     # the native core tests under ASan + UBSan (CI)
 # TF_GLP_VENV picks another virtual environment folder (default .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,18 @@ native_tests() {
   "$VENV/bin/ctest" --test-dir build/cc --output-on-failure
 }
 
+sanitized_native_tests() {
+  # The core and its tests with AddressSanitizer and UndefinedBehaviorSanitizer
+  # (cc/CMakeLists.txt, TF_GLP_SANITIZE): any finding fails a test.
+  "$VENV/bin/cmake" -S cc -B build/cc_sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTF_GLP_SANITIZE=ON > /dev/null
+  if ! "$VENV/bin/cmake" --build build/cc_sanitize -j "$(nproc)" > build/cc_sanitize/build.log 2>&1; then
+    cat build/cc_sanitize/build.log
+    exit 1
+  fi
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    "$VENV/bin/ctest" --test-dir build/cc_sanitize --output-on-failure
+}
+
 case "${1:-}" in
   quickstart)
     install
@@ -45,8 +58,12 @@ case "${1:-}" in
     # tracing and process start-up, which one core runs at a time.
     exec "$PY" -m pytest -q -n "${TF_GLP_TEST_PROCESSES:-2}" --dist loadfile "$@"
     ;;
+  sanitize)
+    install
+    sanitized_native_tests
+    ;;
   *)
-    echo "usage: tools/dev.sh quickstart|test [extra args]" >&2
+    echo "usage: tools/dev.sh quickstart|test|sanitize [extra args]" >&2
     exit 2
     ;;
 esac

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cc/core/checked_math.h"
 #include "cc/core/gemm.h"
 
 namespace tf_glp::core {
@@ -46,15 +47,39 @@ std::string MakeConv2DShape(bool same_padding, Conv2DShape* s) {
     std::string error = Positive(what, value);
     if (!error.empty()) return error;
   }
-  const int64_t span_h = (s->filter_h - 1) * s->dilation_h + 1;
-  const int64_t span_w = (s->filter_w - 1) * s->dilation_w + 1;
+  // Note [Checked sizes]: every size below is checked for overflow.
+  const auto overflow = [s](const std::string& what) {
+    return "the convolution's " + what + " overflows 64-bit integers (input " +
+           std::to_string(s->batch) + "x" + std::to_string(s->in_h) + "x" +
+           std::to_string(s->in_w) + "x" + std::to_string(s->in_c) + ", filter " +
+           std::to_string(s->filter_h) + "x" + std::to_string(s->filter_w) + "x" +
+           std::to_string(s->in_c) + "x" + std::to_string(s->out_c) + ", strides " +
+           std::to_string(s->stride_h) + "x" + std::to_string(s->stride_w) +
+           ", dilations " + std::to_string(s->dilation_h) + "x" +
+           std::to_string(s->dilation_w) + ")";
+  };
+  int64_t span_h, span_w;  // (filter - 1) * dilation + 1
+  int64_t unused;
+  if (!CheckedMultiply(s->filter_h - 1, s->dilation_h, &span_h) || !CheckedAdd(span_h, 1, &span_h)) {
+    return overflow("dilated filter height");
+  }
+  if (!CheckedMultiply(s->filter_w - 1, s->dilation_w, &span_w) || !CheckedAdd(span_w, 1, &span_w)) {
+    return overflow("dilated filter width");
+  }
   if (same_padding) {
-    s->out_h = (s->in_h + s->stride_h - 1) / s->stride_h;
-    s->out_w = (s->in_w + s->stride_w - 1) / s->stride_w;
-    const int64_t pad_h = std::max<int64_t>(0, (s->out_h - 1) * s->stride_h + span_h - s->in_h);
-    const int64_t pad_w = std::max<int64_t>(0, (s->out_w - 1) * s->stride_w + span_w - s->in_w);
-    s->pad_top = pad_h / 2;
-    s->pad_left = pad_w / 2;
+    // ceil(in / stride), without forming in + stride - 1.
+    s->out_h = s->in_h / s->stride_h + (s->in_h % s->stride_h != 0);
+    s->out_w = s->in_w / s->stride_w + (s->in_w % s->stride_w != 0);
+    // pad = max(0, (out - 1) * stride + span - in), with (out - 1) * stride
+    // < in. The kernels form (out - 1) * stride + (filter - 1) * dilation:
+    // it must fit too.
+    const int64_t reach_h = (s->out_h - 1) * s->stride_h;
+    const int64_t reach_w = (s->out_w - 1) * s->stride_w;
+    if (!CheckedAdd(reach_h, span_h, &unused) || !CheckedAdd(reach_w, span_w, &unused)) {
+      return overflow("dilated filter span");
+    }
+    s->pad_top = std::max<int64_t>(0, span_h + (reach_h - s->in_h)) / 2;
+    s->pad_left = std::max<int64_t>(0, span_w + (reach_w - s->in_w)) / 2;
   } else {
     if (span_h > s->in_h || span_w > s->in_w) {
       return "with padding \"valid\" the dilated filter (" + std::to_string(span_h) +
@@ -65,6 +90,15 @@ std::string MakeConv2DShape(bool same_padding, Conv2DShape* s) {
     s->out_w = (s->in_w - span_w) / s->stride_w + 1;
     s->pad_top = 0;
     s->pad_left = 0;
+  }
+  // What the kernels compute from the shape: per-sample and whole-batch
+  // element counts (pointer offsets), the flattened filter, and the im2col
+  // workspace at the largest lane count.
+  if (!CheckedProduct({s->batch, s->in_h, s->in_w, s->in_c}, &unused)) return overflow("input size");
+  if (!CheckedProduct({s->batch, s->out_h, s->out_w, s->out_c}, &unused)) return overflow("output size");
+  if (!CheckedProduct({s->filter_h, s->filter_w, s->in_c, s->out_c}, &unused)) return overflow("filter size");
+  if (!CheckedProduct({kMaxLanes, s->out_h, s->out_w, s->filter_h, s->filter_w, s->in_c}, &unused)) {
+    return overflow("im2col workspace");
   }
   return "";
 }

@@ -10,6 +10,8 @@
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cc/core/conv.h"
@@ -151,6 +153,34 @@ TEST(ConvShapeFollowsTensorFlow) {
   EXPECT_TRUE(MakeConv2DShape(false, &s).find("fit") != std::string::npos);
   s.in_c = 0;
   EXPECT_TRUE(MakeConv2DShape(true, &s).find("input channels") != std::string::npos);
+}
+
+// Note [Checked sizes]: sizes whose products or spans overflow int64 are an
+// error naming the overflow, never a wrapped (negative) size.
+TEST(ConvShapeRefusesSizesThatOverflow) {
+  const int64_t kInt32Max = 2147483647;
+  const auto make = [](int64_t in_h, int64_t in_w, int64_t filter_h, int64_t dilation_h, int64_t out_c, bool same) {
+    Conv2DShape s;
+    s.batch = 2, s.in_h = in_h, s.in_w = in_w, s.in_c = 1, s.filter_h = filter_h, s.filter_w = 1;
+    s.out_c = out_c, s.dilation_h = dilation_h;
+    return std::make_pair(MakeConv2DShape(same, &s), s);
+  };
+  // The fuzzer's abort: input_sizes [2, 2^31 - 1, 2^31 - 1, 1], 2 filters:
+  // 2^63 output elements.
+  auto [error, shape] = make(kInt32Max, kInt32Max, 1, 1, 2, true);
+  EXPECT_TRUE(error.find("output size overflows") != std::string::npos);
+  // A dilated span that overflows int64.
+  std::tie(error, shape) = make(5, 5, int64_t{1} << 40, int64_t{1} << 30, 1, true);
+  EXPECT_TRUE(error.find("dilated filter height overflows") != std::string::npos);
+  // The largest dilation TensorFlow's attribute holds, SAME: a valid shape
+  // with out = in and a huge padding, all of it representable.
+  std::tie(error, shape) = make(4, 3, 2, kInt32Max, 1, true);
+  EXPECT_TRUE(error.empty());
+  EXPECT_EQ(shape.out_h, 4);
+  EXPECT_EQ(shape.pad_top, (kInt32Max + 1 + 3 - 4) / 2);  // span 2^31, reach 3, input 4
+  // ... and VALID refuses it (the filter does not fit).
+  std::tie(error, shape) = make(4, 3, 2, kInt32Max, 1, false);
+  EXPECT_TRUE(error.find("fit") != std::string::npos);
 }
 
 void CheckConv(Conv2DShape s, bool same, uint32_t seed) {

@@ -3,9 +3,11 @@
 #ifndef TF_GLP_CC_TF_KERNELS_CONCURRENT_COMMON_H_
 #define TF_GLP_CC_TF_KERNELS_CONCURRENT_COMMON_H_
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "cc/core/conv.h"
 #include "cc/core/lane_pool.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -13,6 +15,36 @@
 #include "tensorflow/core/framework/tensor_shape.h"
 
 namespace tf_glp::tf {
+
+// A shape built from sizes that come from the op's inputs, or an error naming
+// the op and the sizes: TensorShape's Status-returning builder, never its
+// CHECKing constructor (Note [Checked sizes] in cc/core/checked_math.h).
+inline absl::Status BuildShape(const char* op, const char* what,
+                               std::initializer_list<int64_t> sizes,
+                               tensorflow::TensorShape* shape) {
+  const absl::Status status = tensorflow::TensorShape::BuildTensorShape(sizes, shape);
+  if (status.ok()) return status;
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", what, " [", absl::StrJoin(sizes, ", "),
+                                                 "] is not a valid shape: ", status.message()));
+}
+
+// The strides and dilations attributes: two positive entries each (checked
+// by the kernels and, so that a graph with bad ones fails when it is built,
+// by the shape functions in cc/tf/ops/concurrent_ops.cc).
+inline absl::Status CheckConvAttrs(const char* op, const std::vector<int32_t>& strides,
+                                   const std::vector<int32_t>& dilations) {
+  if (strides.size() != 2 || dilations.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": strides and dilations must have 2 entries (height, width), got ",
+        strides.size(), " and ", dilations.size()));
+  }
+  if (strides[0] < 1 || strides[1] < 1 || dilations[0] < 1 || dilations[1] < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": strides and dilations must be positive, got strides [", strides[0], ", ",
+        strides[1], "] and dilations [", dilations[0], ", ", dilations[1], "]"));
+  }
+  return absl::OkStatus();
+}
 
 inline absl::Status ReadConcurrency(tensorflow::OpKernelConstruction* ctx,
                                     const char* op, int64_t* lanes) {
@@ -33,19 +65,7 @@ struct ConvAttrs {
     TF_RETURN_IF_ERROR(ctx->GetAttr("strides", &strides));
     TF_RETURN_IF_ERROR(ctx->GetAttr("dilations", &dilations));
     TF_RETURN_IF_ERROR(ctx->GetAttr("padding", &padding));
-    if (strides.size() != 2 || dilations.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op, ": strides and dilations must have 2 entries (height, width), got ",
-          strides.size(), " and ", dilations.size()));
-    }
-    for (int i = 0; i < 2; ++i) {
-      if (strides[i] < 1 || dilations[i] < 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            op, ": strides and dilations must be positive, got strides [",
-            strides[0], ", ", strides[1], "] and dilations [", dilations[0], ", ",
-            dilations[1], "]"));
-      }
-    }
+    TF_RETURN_IF_ERROR(CheckConvAttrs(op, strides, dilations));
     stride_h = strides[0], stride_w = strides[1];
     dilation_h = dilations[0], dilation_w = dilations[1];
     same = padding == "SAME";
@@ -105,7 +125,7 @@ inline absl::Status SizesToShape(const char* op, const char* what,
       return absl::InvalidArgumentError(absl::StrCat(op, ": ", what, "[", i, "] is negative: ", v(i)));
     }
   }
-  return tensorflow::TensorShape::BuildTensorShape({v(0), v(1), v(2), v(3)}, shape);
+  return BuildShape(op, what, {v(0), v(1), v(2), v(3)}, shape);
 }
 
 // What is left for the device once a Prepare* function has checked the
@@ -128,11 +148,11 @@ inline absl::Status PrepareConv2D(tensorflow::OpKernelContext* ctx,
                                   tensorflow::Tensor** output, Work* work) {
   TF_RETURN_IF_ERROR(
       attrs.Shape(op, ctx->input(0).shape(), ctx->input(1).shape(), shape));
-  TF_RETURN_IF_ERROR(ctx->allocate_output(
-      0,
-      tensorflow::TensorShape(
-          {shape->batch, shape->out_h, shape->out_w, shape->out_c}),
-      output));
+  tensorflow::TensorShape output_shape;
+  TF_RETURN_IF_ERROR(BuildShape(op, "the output shape",
+                                {shape->batch, shape->out_h, shape->out_w, shape->out_c},
+                                &output_shape));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, output_shape, output));
   *work = shape->batch == 0 ? Work::kNone : Work::kCompute;
   return absl::OkStatus();
 }
@@ -141,8 +161,9 @@ inline absl::Status PrepareConv2D(tensorflow::OpKernelContext* ctx,
 inline absl::Status CheckOutBackprop(const char* op,
                                      const core::Conv2DShape& shape,
                                      const tensorflow::Tensor& out_backprop) {
-  const tensorflow::TensorShape expected(
-      {shape.batch, shape.out_h, shape.out_w, shape.out_c});
+  tensorflow::TensorShape expected;
+  TF_RETURN_IF_ERROR(BuildShape(op, "the forward output shape",
+                                {shape.batch, shape.out_h, shape.out_w, shape.out_c}, &expected));
   if (out_backprop.shape() == expected) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat(op, ": out_backprop must have shape ",
@@ -207,8 +228,9 @@ inline absl::Status PrepareMatMul(tensorflow::OpKernelContext* ctx,
         " has ", b_inner, " rows (shapes ", a.shape().DebugString(), " and ",
         b.shape().DebugString(), ")"));
   }
-  TF_RETURN_IF_ERROR(ctx->allocate_output(
-      0, tensorflow::TensorShape({dims->m, dims->n}), output));
+  tensorflow::TensorShape output_shape;
+  TF_RETURN_IF_ERROR(BuildShape(op, "the product's shape", {dims->m, dims->n}, &output_shape));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, output_shape, output));
   if (dims->m == 0 || dims->n == 0) {
     *work = Work::kNone;
   } else {
@@ -233,8 +255,9 @@ inline absl::Status PrepareMatMulGradWeights(tensorflow::OpKernelContext* ctx,
         a.shape().DebugString(), " and ", dy.shape().DebugString()));
   }
   dims->m = a.dim_size(0), dims->k = a.dim_size(1), dims->n = dy.dim_size(1);
-  TF_RETURN_IF_ERROR(ctx->allocate_output(
-      0, tensorflow::TensorShape({dims->k, dims->n}), output));
+  tensorflow::TensorShape output_shape;
+  TF_RETURN_IF_ERROR(BuildShape(op, "the weight gradient's shape", {dims->k, dims->n}, &output_shape));
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, output_shape, output));
   *work = dims->k == 0 || dims->n == 0 ? Work::kNone : Work::kCompute;
   return absl::OkStatus();
 }

@@ -37,8 +37,11 @@
 
 namespace tf_glp::tf {
 
-inline absl::Status Workspace(tensorflow::OpKernelContext* ctx, int64_t elements, tensorflow::Tensor* out) {
-  return ctx->allocate_temp(tensorflow::DT_FLOAT, tensorflow::TensorShape({std::max<int64_t>(1, elements)}), out);
+inline absl::Status Workspace(tensorflow::OpKernelContext* ctx, const char* op, int64_t elements,
+                              tensorflow::Tensor* out) {
+  tensorflow::TensorShape shape;
+  TF_RETURN_IF_ERROR(BuildShape(op, "the workspace", {std::max<int64_t>(1, elements)}, &shape));
+  return ctx->allocate_temp(tensorflow::DT_FLOAT, shape, out);
 }
 
 template <class T>
@@ -113,7 +116,7 @@ class ConcurrentConv2DOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, (Float32Input<Backend, T>(ctx, device, ctx->input(1), &filter_temp, &filter)));
     Float32Output<Backend, T> result;
     OP_REQUIRES_OK(ctx, result.Init(ctx, output));
-    OP_REQUIRES_OK(ctx, Workspace(ctx, core::Conv2DForwardWorkspace(shape, attrs_.lanes), &workspace));
+    OP_REQUIRES_OK(ctx, Workspace(ctx, kOp, core::Conv2DForwardWorkspace(shape, attrs_.lanes), &workspace));
     OP_REQUIRES_OK(ctx, Backend::Conv2DForward(device, shape, input, filter, result.data(), attrs_.lanes,
                                                workspace.flat<float>().data()));
     OP_REQUIRES_OK(ctx, result.Finish(device));
@@ -145,7 +148,7 @@ class ConcurrentConv2DBackpropInputOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, (Float32Input<Backend, T>(ctx, device, ctx->input(2), &dy_temp, &dy)));
     Float32Output<Backend, T> result;
     OP_REQUIRES_OK(ctx, result.Init(ctx, output));
-    OP_REQUIRES_OK(ctx, Workspace(ctx, core::Conv2DBackpropInputWorkspace(shape, attrs_.lanes), &workspace));
+    OP_REQUIRES_OK(ctx, Workspace(ctx, kOp, core::Conv2DBackpropInputWorkspace(shape, attrs_.lanes), &workspace));
     OP_REQUIRES_OK(ctx, Backend::Conv2DBackpropInput(device, shape, filter, dy, result.data(), attrs_.lanes,
                                                      workspace.flat<float>().data()));
     OP_REQUIRES_OK(ctx, result.Finish(device));
@@ -180,7 +183,7 @@ class ConcurrentConv2DBackpropFilterOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, (Float32Input<Backend, T>(ctx, device, ctx->input(2), &dy_temp, &dy)));
     Float32Output<Backend, T> result;
     OP_REQUIRES_OK(ctx, result.Init(ctx, output));
-    OP_REQUIRES_OK(ctx, Workspace(ctx, core::Conv2DBackpropFilterWorkspace(shape, attrs_.lanes), &workspace));
+    OP_REQUIRES_OK(ctx, Workspace(ctx, kOp, core::Conv2DBackpropFilterWorkspace(shape, attrs_.lanes), &workspace));
     OP_REQUIRES_OK(ctx, Backend::Conv2DBackpropFilter(device, shape, input, dy, result.data(), attrs_.lanes,
                                                       workspace.flat<float>().data()));
     OP_REQUIRES_OK(ctx, result.Finish(device));

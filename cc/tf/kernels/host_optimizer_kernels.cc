@@ -4,6 +4,7 @@
 // parameter]), then core::HostApplyUpdate.
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cc/core/host_optimizers.h"
@@ -28,19 +29,32 @@ using tensorflow::Var;
 // cannot deadlock). Released on destruction.
 class LockedVariables {
  public:
-  absl::Status Lock(OpKernelContext* ctx, int count) {
+  // `names` names the inputs in errors.
+  absl::Status Lock(OpKernelContext* ctx, int count, const char* const* names) {
     for (int i = 0; i < count; ++i) {
-      Var* var = nullptr;
-      TF_RETURN_IF_ERROR(tensorflow::LookupResource(
-          ctx, tensorflow::HandleFromInput(ctx, i), &var));
-      vars_.emplace_back(var);
-    }
-    std::vector<tsl::mutex*> mutexes;
-    for (auto& var : vars_) {
-      if (std::find(mutexes.begin(), mutexes.end(), var->mu()) == mutexes.end()) {
-        mutexes.push_back(var->mu());
+      // One handle, as TensorFlow's own resource ops take it: an empty or
+      // longer handle tensor is an error, not a read past its end.
+      const Tensor& handle_tensor = ctx->input(i);
+      if (!tensorflow::TensorShapeUtils::IsScalar(handle_tensor.shape())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            ctx->op_kernel().name(), ": ", names[i], " must be one resource handle (a scalar), got shape ",
+            handle_tensor.shape().DebugString()));
       }
+      tensorflow::ResourceHandle handle;
+      TF_RETURN_IF_ERROR(tensorflow::HandleFromInput(ctx, i, &handle));
+      tensorflow::core::RefCountPtr<Var> var;
+      TF_RETURN_IF_ERROR(tensorflow::LookupResource(ctx, handle, &var));
+      for (int j = 0; j < i; ++j) {
+        if (vars_[j].get() == var.get()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              ctx->op_kernel().name(), ": ", names[i], " and ", names[j],
+              " are the same variable; the update needs a separate variable for each"));
+        }
+      }
+      vars_.push_back(std::move(var));
     }
+    std::vector<tsl::mutex*> mutexes;  // distinct: the variables are
+    for (auto& var : vars_) mutexes.push_back(var->mu());
     std::sort(mutexes.begin(), mutexes.end());
     for (tsl::mutex* mu : mutexes) locks_.emplace_back(*mu);
     return absl::OkStatus();
@@ -117,9 +131,9 @@ class HostApplyOp : public OpKernel {
                       " must be a scalar, got shape ",
                       ctx->input(i).shape().DebugString())));
     }
-    LockedVariables locked;
-    OP_REQUIRES_OK(ctx, locked.Lock(ctx, kNumVariables));
     static const char* const kVariableNames[] = {"var", "slot 1", "slot 2"};
+    LockedVariables locked;
+    OP_REQUIRES_OK(ctx, locked.Lock(ctx, kNumVariables, kVariableNames));
     const Tensor& param = *locked.var(0)->tensor();
     for (int i = 0; i < kNumVariables; ++i) {
       const Tensor& t = *locked.var(i)->tensor();

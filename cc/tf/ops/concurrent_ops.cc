@@ -1,6 +1,8 @@
 // Interfaces (REGISTER_OP and shape functions) of the layer-concurrency ops
 // (GLP4NN). Kernels: cc/tf/kernels/concurrent_kernels.cc (CPU) and
 // concurrent_kernels_gpu.cu.cc (CUDA). Gradients: tf_glp/ops/concurrent.py.
+#include "cc/core/checked_math.h"
+#include "cc/tf/kernels/concurrent_common.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -12,18 +14,28 @@ using tensorflow::shape_inference::DimensionHandle;
 using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
 
-// Output size along one spatial dimension, as TensorFlow computes it.
-DimensionHandle SpatialOutput(InferenceContext* c, DimensionHandle in,
-                              int64_t filter, int64_t stride, int64_t dilation,
-                              bool same) {
-  if (!c->ValueKnown(in) || filter < 1 || stride < 1 || dilation < 1) {
-    return c->UnknownDim();
-  }
+// Output size along one spatial dimension, as TensorFlow computes it, or
+// unknown where the kernel reports the error (a filter that does not fit). A
+// span that overflows is an error here already (Note [Checked sizes] in
+// cc/core/checked_math.h).
+absl::Status SpatialOutput(InferenceContext* c, DimensionHandle in, int64_t filter,
+                           int64_t stride, int64_t dilation, bool same,
+                           DimensionHandle* out) {
+  *out = c->UnknownDim();
+  if (!c->ValueKnown(in) || filter < 1) return absl::OkStatus();
   const int64_t size = c->Value(in);
-  const int64_t span = (filter - 1) * dilation + 1;
-  if (same) return c->MakeDim((size + stride - 1) / stride);
-  if (span > size) return c->UnknownDim();  // The kernel reports it.
-  return c->MakeDim((size - span) / stride + 1);
+  int64_t span;
+  if (!core::CheckedMultiply(filter - 1, dilation, &span) || !core::CheckedAdd(span, 1, &span)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "concurrent_conv2d: the dilated filter ((", filter, " - 1) * ", dilation,
+        " + 1) overflows 64-bit integers"));
+  }
+  if (same) {
+    *out = c->MakeDim(size / stride + (size % stride != 0));
+  } else if (span <= size) {
+    *out = c->MakeDim((size - span) / stride + 1);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Conv2DShapeFn(InferenceContext* c) {
@@ -42,26 +54,28 @@ absl::Status Conv2DShapeFn(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->GetAttr("strides", &strides));
   TF_RETURN_IF_ERROR(c->GetAttr("dilations", &dilations));
   TF_RETURN_IF_ERROR(c->GetAttr("padding", &padding));
-  if (strides.size() != 2 || dilations.size() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "concurrent_conv2d: strides and dilations must have 2 entries (height, "
-        "width), got ", strides.size(), " and ", dilations.size()));
-  }
+  TF_RETURN_IF_ERROR(CheckConvAttrs("concurrent_conv2d", strides, dilations));
   const bool same = padding == "SAME";
   std::vector<DimensionHandle> dims = {c->Dim(input, 0)};
   for (int i = 0; i < 2; ++i) {
-    DimensionHandle filter_dim = c->Dim(filter, i);
-    dims.push_back(c->ValueKnown(filter_dim)
-                       ? SpatialOutput(c, c->Dim(input, 1 + i), c->Value(filter_dim),
-                                       strides[i], dilations[i], same)
-                       : c->UnknownDim());
+    DimensionHandle filter_dim = c->Dim(filter, i), out = c->UnknownDim();
+    if (c->ValueKnown(filter_dim)) {
+      TF_RETURN_IF_ERROR(SpatialOutput(c, c->Dim(input, 1 + i), c->Value(filter_dim),
+                                       strides[i], dilations[i], same, &out));
+    }
+    dims.push_back(out);
   }
   dims.push_back(c->Dim(filter, 3));
   c->set_output(0, c->MakeShape(dims));
   return absl::OkStatus();
 }
 
-absl::Status ShapeFromSizesInput(InferenceContext* c, int index) {
+// The gradient ops' output: the shape their sizes input holds.
+absl::Status ConvGradShape(InferenceContext* c, const char* op, int index) {
+  std::vector<int32_t> strides, dilations;
+  TF_RETURN_IF_ERROR(c->GetAttr("strides", &strides));
+  TF_RETURN_IF_ERROR(c->GetAttr("dilations", &dilations));
+  TF_RETURN_IF_ERROR(CheckConvAttrs(op, strides, dilations));
   ShapeHandle sizes;
   TF_RETURN_IF_ERROR(c->WithRank(c->input(index), 1, &sizes));
   ShapeHandle shape;
@@ -112,7 +126,7 @@ REGISTER_OP("Glp>ConcurrentConv2DBackpropInput")
     .Attr("padding: {'SAME', 'VALID'}")
     .Attr("dilations: list(int) = [1, 1]")
     .Attr("concurrency: int = 1")
-    .SetShapeFn([](InferenceContext* c) { return ShapeFromSizesInput(c, 0); })
+    .SetShapeFn([](InferenceContext* c) { return ConvGradShape(c, "concurrent_conv2d_backprop_input", 0); })
     .Doc("Gradient of Glp>ConcurrentConv2D with respect to its input.");
 
 REGISTER_OP("Glp>ConcurrentConv2DBackpropFilter")
@@ -125,7 +139,7 @@ REGISTER_OP("Glp>ConcurrentConv2DBackpropFilter")
     .Attr("padding: {'SAME', 'VALID'}")
     .Attr("dilations: list(int) = [1, 1]")
     .Attr("concurrency: int = 1")
-    .SetShapeFn([](InferenceContext* c) { return ShapeFromSizesInput(c, 1); })
+    .SetShapeFn([](InferenceContext* c) { return ConvGradShape(c, "concurrent_conv2d_backprop_filter", 1); })
     .Doc(R"doc(
 Gradient of Glp>ConcurrentConv2D with respect to its filter, summed over fixed
 groups of samples in index order (bitwise identical for every concurrency).
