@@ -25,6 +25,17 @@ tf.config.set_logical_device_configuration(
 gc.set_threshold(50_000, 20, 20)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-cases", type=int, default=None,
+                     help="cases for tests/ops/test_raw_op_fuzz.py (default: its fixed-seed sample)")
+
+
+def pytest_configure(config):
+    # Read when the fuzz tests are collected (in every xdist worker too).
+    if config.getoption("--fuzz-cases") is not None:
+        os.environ["TF_GLP_FUZZ_CASES"] = str(config.getoption("--fuzz-cases"))
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _earlier_objects_frozen():
     """Each test file starts with what the earlier ones left frozen

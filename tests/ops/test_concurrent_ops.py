@@ -280,6 +280,56 @@ def test_right_where_tensorflows_float32_conv_is_wrong(rng, native_mode, mode):
     assert concurrent_conv2d(np.zeros((0, 8, 8, 2), np.float32), np.zeros((3, 3, 2, 4), np.float32), padding="same").shape == (0, 8, 8, 4)
 
 
+# The inputs on which TensorFlow 2.21's own CPU convolution was seen to go
+# wrong (FACTS, "Found 2026-12-04"; on a machine with AVX-512): garbage
+# around 1e22, and a SIGSEGV for a dilation of 2^31 - 1.
+TENSORFLOWS_FAILURES = {
+    "garbage": dict(x_shape=(2, 4, 1, 1), w_shape=(9, 9, 1, 1), strides=(1, 2), dilations=(1, 1)),
+    "sigsegv": dict(x_shape=(2, 5, 6, 2), w_shape=(2, 3, 2, 3), strides=(1, 1), dilations=(2147483647, 3)),
+}
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("failure", sorted(TENSORFLOWS_FAILURES))
+def test_fallback_computes_what_tensorflows_conv_gets_wrong(rng, native_mode, monkeypatch, failure, traced):
+    """Under TF_GLP_NATIVE=0 the conv's fallback never calls TensorFlow's
+    convolutions (Note [The fallback avoids TensorFlow's convolutions]) and
+    gives the direct numpy convolution's numbers, gradients included, also
+    in a tf.function that knows no shapes."""
+    from raw_op_fuzz import conv2d_backprop_filter_reference, conv2d_backprop_input_reference, conv2d_reference
+
+    native_mode("0")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the fallback called one of TensorFlow's convolutions")
+
+    for module, name in [(tf.nn, "convolution"), (tf.nn, "conv2d"), (tf.image, "extract_patches"), (tf.raw_ops, "Conv2D")]:
+        monkeypatch.setattr(module, name, refuse)
+    case = TENSORFLOWS_FAILURES[failure]
+    x = rng.standard_normal(case["x_shape"]).astype(np.float32)
+    w = rng.standard_normal(case["w_shape"]).astype(np.float32)
+    attrs = dict(strides=list(case["strides"]), dilations=list(case["dilations"]), padding="SAME")
+    expected = conv2d_reference(x.astype(np.float64), w.astype(np.float64), attrs)
+    dy = rng.standard_normal(expected.shape).astype(np.float32)
+    fn = lambda a, b: concurrent_conv2d(a, b, strides=case["strides"], padding="same", dilations=case["dilations"])  # noqa: E731
+    if traced:
+        run = tf.function(lambda a, b, g: conv_and_grads_tensors(fn, a, b, g), autograph=False,
+                          input_signature=[tf.TensorSpec([None] * 4, tf.float32)] * 3)
+        got = [t.numpy() for t in run(x, w, dy)]
+    else:
+        got = conv_and_grads(fn, tf.constant(x), tf.constant(w), tf.constant(dy))
+    close(got[0], expected, 1e-5)
+    close(got[1], conv2d_backprop_input_reference(x.shape, w.astype(np.float64), dy.astype(np.float64), attrs), 1e-4)
+    close(got[2], conv2d_backprop_filter_reference(x.astype(np.float64), w.shape, dy.astype(np.float64), attrs), 1e-4)
+
+
+def conv_and_grads_tensors(fn, x, w, dy):
+    with tf.GradientTape() as tape:
+        tape.watch([x, w])
+        y = fn(x, w)
+    return [y, *tape.gradient(y, [x, w], output_gradients=dy)]
+
+
 _THREAD_BOUND_SCRIPT = """
 import os, sys
 import tensorflow as tf

@@ -11,8 +11,9 @@ precision) are computed in float32 and rounded once to their dtype (Note
 [16-bit layers] in cc/tf/kernels/concurrent_kernels.h).
 
 Without the native library (see tf_glp._native) the ops run pure TensorFlow
-(im2col by `tf.image.extract_patches` + `tf.matmul`, and their gradients), which ignores
-`concurrency` and agrees with the native ops to float32 rounding.
+(im2col by `tf.gather` + `tf.matmul`, and their gradients; Note [The fallback
+avoids TensorFlow's convolutions]), which ignores `concurrency` and agrees
+with the native ops to float32 rounding.
 """
 
 from __future__ import annotations
@@ -144,26 +145,71 @@ def concurrent_conv2d(
 def _fallback_conv2d(inputs, filters, strides, padding, dilations) -> tf.Tensor:
     """im2col + matmul in TensorFlow: the native kernels' algorithm.
 
-    Not tf.nn.convolution: TensorFlow 2.21's float32 CPU convolution (oneDNN)
-    gives wrong outputs for some shapes (e.g. a 2x1 input, a 1x2 filter,
-    strides (1, 2), "same") and a wrong channel count for an empty batch.
+    Note [The fallback avoids TensorFlow's convolutions]
+    The fallback never calls tf.nn.convolution / Conv2D, nor
+    tf.image.extract_patches. TensorFlow 2.21's CPU convolution (oneDNN)
+    was seen returning wrong numbers and killing the process, on an earlier
+    machine of this project whose CPU had AVX-512 (FACTS: a 2x1 input, 1x2
+    filter, strides (1, 2), "same": second row 0; a [2, 4, 1, 1] input,
+    [9, 9, 1, 1] filter, strides (1, 2), "same": values around 1e22;
+    dilations (2147483647, 3), "same": SIGSEGV); the same calls were right
+    on an AVX2 machine (2026-12-04), so which inputs go wrong depends on the
+    CPU and cannot be listed. extract_patches needs the filter size at
+    trace time. Here the patch matrix is built by tf.gather, the positions
+    computed in int64 (no overflow for any int32 stride or dilation), with
+    zeros for padding: every number is a plain product and sum, and the
+    gradients are gather's and matmul's.
     """
-    kh, kw = filters.shape[0], filters.shape[1]
-    if kh is None or kw is None:  # extract_patches needs static sizes
-        return tf.nn.convolution(inputs, filters, strides=strides, padding=padding, dilations=dilations)
-    patches = tf.image.extract_patches(
-        inputs,
-        sizes=[1, kh, kw, 1],
-        strides=[1, strides[0], strides[1], 1],
-        rates=[1, dilations[0], dilations[1], 1],
-        padding=padding,
-    )
-    patch_size = kh * kw * tf.shape(filters)[2]
-    out_channels = tf.shape(filters)[3]
-    outputs = tf.matmul(tf.reshape(patches, [-1, patch_size]), tf.reshape(filters, [patch_size, out_channels]))
-    outputs = tf.reshape(outputs, tf.concat([tf.shape(patches)[:3], [out_channels]], axis=0))
-    outputs.set_shape(patches.shape[:3].concatenate(filters.shape[3:]))
+    shape = tf.shape(inputs, out_type=tf.int64)
+    filter_shape = tf.shape(filters, out_type=tf.int64)
+    rows, row_inside, out_h = _patch_positions(shape[1], filter_shape[0], strides[0], dilations[0], padding, "height")
+    cols, col_inside, out_w = _patch_positions(shape[2], filter_shape[1], strides[1], dilations[1], padding, "width")
+    # [batch, out_h * kh, width, c] -> [batch, out_h * kh, out_w * kw, c]
+    patches = tf.gather(tf.gather(inputs, tf.reshape(rows, [-1]), axis=1), tf.reshape(cols, [-1]), axis=2)
+    patches = tf.reshape(patches, tf.stack([shape[0], out_h, filter_shape[0], out_w, filter_shape[1], shape[3]]))
+    inside = row_inside[None, :, :, None, None, None] & col_inside[None, None, None, :, :, None]
+    patches = tf.where(tf.broadcast_to(inside, tf.shape(patches)), patches, tf.zeros_like(patches))
+    patches = tf.transpose(patches, [0, 1, 3, 2, 4, 5])  # [batch, out_h, out_w, kh, kw, c]
+    patch_size = filter_shape[0] * filter_shape[1] * filter_shape[2]
+    outputs = tf.matmul(tf.reshape(patches, tf.stack([-1, patch_size])),
+                        tf.reshape(filters, tf.stack([patch_size, filter_shape[3]])))
+    outputs = tf.reshape(outputs, tf.stack([shape[0], out_h, out_w, filter_shape[3]]))
+    outputs.set_shape(_static_output_shape(inputs.shape, filters.shape, strides, padding, dilations))
     return outputs
+
+
+def _patch_positions(size, kernel, stride: int, dilation: int, padding: str, what: str):
+    """The input positions of every output pixel's patch along one axis
+    ([out, kernel], clipped into the input), which of them lie inside the
+    input (the rest is padding), and the output size; as TensorFlow defines
+    "same" and "valid"."""
+    span = (kernel - 1) * dilation + 1
+    if padding == "SAME":
+        out = (size + stride - 1) // stride
+        pad = tf.maximum(tf.constant(0, tf.int64), (out - 1) * stride + span - size) // 2
+    else:
+        with tf.control_dependencies([tf.debugging.assert_less_equal(
+                span, size, message=f"concurrent_conv2d: with padding \"valid\" the dilated filter {what} must fit in the input {what}")]):
+            out = (size - span) // stride + 1
+        pad = tf.constant(0, tf.int64)
+    positions = tf.range(out)[:, None] * stride - pad + tf.range(kernel)[None, :] * dilation
+    inside = (positions >= 0) & (positions < size)
+    return tf.clip_by_value(positions, 0, tf.maximum(size - 1, 0)), inside, out
+
+
+def _static_output_shape(input_shape, filter_shape, strides, padding, dilations) -> tf.TensorShape:
+    """The output's shape as far as the static shapes tell it."""
+    dims = [input_shape[0]]
+    for i in range(2):
+        size, kernel = input_shape[1 + i], filter_shape[i]
+        if size is None or kernel is None:
+            dims.append(None)
+        elif padding == "SAME":
+            dims.append(-(-size // strides[i]))
+        else:
+            span = (kernel - 1) * dilations[i] + 1
+            dims.append((size - span) // strides[i] + 1 if span <= size else None)
+    return tf.TensorShape(dims + [filter_shape[3]])
 
 
 @tf.autograph.experimental.do_not_convert  # Note [No AutoGraph in tf_glp]
