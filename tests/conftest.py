@@ -107,7 +107,7 @@ def exact_arithmetic():
     with other roundings. Bitwise comparisons of two programs need them off
     (ResNet50V2 with Adam: with the dependency optimizer on, 160 of 174
     gradients round differently once the fused update is in the graph;
-    README, "The optimizer step too")."""
+    docs/numerics.md, "The fused optimizer update")."""
     options = ("arithmetic_optimization", "dependency_optimization")
     before = {name: tf.config.optimizer.get_experimental_options().get(name, True) for name in options}
     tf.config.optimizer.set_experimental_options({name: False for name in options})

@@ -47,7 +47,7 @@ OPTIMIZERS = {
 def _conv_bias_before_batch_norm():
     """Conv biases in front of BatchNormalization: their true gradient is
     zero, what reaches the optimizer is rounding noise, which Adam turns
-    into steps of up to +-lr (what made ResNet50V2 differ, README)."""
+    into steps of up to +-lr (what made ResNet50V2 differ, docs/numerics.md)."""
     return keras.Sequential([keras.Input((8, 8, 3)), L.Conv2D(8, 3, padding="same"), L.BatchNormalization(),
                              L.ReLU(), L.Conv2D(8, 3, padding="same"), L.BatchNormalization(), L.ReLU(),
                              L.GlobalAveragePooling2D(), L.Dense(3)])

@@ -23,8 +23,8 @@ FILES = sorted(str(p) for p in (KERAS_SRC / "backend" / "tensorflow").glob("*dis
 EXTRA = [str(KERAS_SRC / "callbacks" / "swap_ema_weights_test.py")
          + "::SwapEMAWeightsTest::test_swap_ema_weights_with_tf_distribute"]
 
-# Tests that cannot pass with tf_glp.Strategy, with the reason (also in the
-# README, "Keras' own tests").
+# Tests that cannot pass with tf_glp.Strategy, with the reason (also in
+# docs/strategy.md, "Keras' own tests").
 CANNOT_PASS: dict[str, str] = {
     "optimizer_distribute_test.py::OptimizerDistributeTest::test_gradient_accumulation":
         "its gradient is one tensor object shared by both replicas, which TensorFlow's merge counts once "

@@ -112,8 +112,8 @@ def check_fit(model, strategy, global_batch: int | None, samples: int | None = N
 
 
 def invariance_doubts(devices, gpu_names: list[str], determinism: bool) -> list[str]:
-    """What may break invariance on these replicas (README, "The same model
-    on any replica count"): every replica must run the same kernels."""
+    """What may break invariance on these replicas (docs/strategy.md, "The
+    same model on any replica count"): every replica must run the same kernels."""
     kinds = {"GPU" if "GPU" in tf.DeviceSpec.from_string(d).device_type.upper() else "CPU" for d in devices}
     doubts = []
     if len(kinds) > 1:
