@@ -84,6 +84,15 @@ def _other(draw, choices, current):
     return draw(st.sampled_from([c for c in choices if c != current]))
 
 
+@st.composite
+def huge_empty_shapes(draw) -> list[int]:
+    """Rank 1-3, dimensions of 2^31 - 1, 2^40 or 2^62, one of them 0."""
+    rank = draw(st.integers(1, 3))
+    shape = [draw(st.sampled_from(HUGE_DIMS)) for _ in range(rank)]
+    shape[draw(st.integers(0, rank - 1))] = 0
+    return shape
+
+
 STEP = st.sampled_from([1, 1, 1, 2, 3, BIG])
 FILL = st.sampled_from(["normal"] * 6 + ["special", "zeros"])
 CONCURRENCY = st.sampled_from([1, 2, 3, 4, 8, 64])
@@ -285,9 +294,7 @@ def host_reduce_cases(draw) -> dict:
         divisor["dtype"] = draw(st.sampled_from(["float64", "float16", "int32"]))
         return broken(case, "a divisor that is not float32")
     if mutation == "huge_empty":
-        rank = draw(st.integers(1, 3))
-        huge = [draw(st.sampled_from(HUGE_DIMS)) for _ in range(rank)]
-        huge[draw(st.integers(0, rank - 1))] = 0
+        huge = draw(huge_empty_shapes())
         for item in items:
             item["shape"] = huge
         return broken(case, "empty inputs with huge dimensions", "no_crash")
@@ -365,9 +372,7 @@ def host_apply_cases(draw, op: str) -> dict:
         handles[second]["resource"] = {"var": first}
         return broken(case, f"inputs {first} and {second} are the same variable")
     if mutation == "huge_empty":
-        rank = draw(st.integers(1, 3))
-        huge = [draw(st.sampled_from(HUGE_DIMS)) for _ in range(rank)]
-        huge[draw(st.integers(0, rank - 1))] = 0
+        huge = draw(huge_empty_shapes())
         for t in variables + grads:
             t["shape"] = huge
         return broken(case, "empty variables and gradients with huge dimensions", "no_crash")
