@@ -369,6 +369,8 @@ _STRATEGIES = {
     "central_storage": lambda: tf.distribute.experimental.CentralStorageStrategy(["/cpu:0", "/cpu:1"]),
     "tf_glp_host": lambda: tf_glp.Strategy(["/cpu:0", "/cpu:1"], update="host"),
     "tf_glp_replicas": lambda: tf_glp.Strategy(["/cpu:0", "/cpu:1"], update="replicas"),
+    "tf_glp_auto": lambda: tf_glp.Strategy(["/cpu:0", "/cpu:1"], update="auto", plan_path=None),
+    "tf_glp_default_one_device": tf_glp.Strategy,
 }
 
 
