@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -34,7 +35,10 @@ def test_missing_library_warns_once_and_falls_back(monkeypatch, tmp_path, native
     with pytest.warns(RuntimeWarning, match="does not exist"):
         status = tf_glp.native_available()
     assert not status and "does not exist" in status.reason
-    assert _native.library() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: later calls do not warn again
+        assert _native.library() is None
+        assert not tf_glp.native_available()
     assert str(status).startswith("fallback (pure TensorFlow)")
 
 
