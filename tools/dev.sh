@@ -56,7 +56,12 @@ case "${1:-}" in
     # Two pytest processes (pytest-xdist), each test file whole in one of
     # them (its module fixtures built once): much of the suite is Python
     # tracing and process start-up, which one core runs at a time.
-    exec "$PY" -m pytest -q -n "${TF_GLP_TEST_PROCESSES:-2}" --dist loadfile "$@"
+    # --max-worker-restart 0: a worker that dies (a segfault inside
+    # TensorFlow was seen once, 2026-12-04, in a tf.data iterator's
+    # teardown during evaluate()) ends the run at once, naming its test;
+    # with restarts, xdist 3.8's loadfile scheduler can wait forever
+    # (pytest-dev/pytest-xdist issue 1378).
+    exec "$PY" -m pytest -q -n "${TF_GLP_TEST_PROCESSES:-2}" --dist loadfile --max-worker-restart 0 "$@"
     ;;
   sanitize)
     install
