@@ -460,6 +460,36 @@ def test_layer_variants_train_and_are_left_alone_when_not_eligible(kind, tmp_pat
     assert f"left as it is: variant ({layer_class}): {reason}" in plan_lib.table(plan)
 
 
+class _Conv2DSubclass(L.Conv2D):
+    pass
+
+
+class _DenseSubclass(L.Dense):
+    pass
+
+
+_MORE_VARIANTS = {
+    "grouped": (lambda: L.Conv2D(4, 3, groups=2, name="variant"), "groups=2"),
+    "conv2d_subclass": (lambda: _Conv2DSubclass(4, 3, name="variant"),
+                        "a subclass of Conv2D: its call may not be Conv2D's"),
+    "dense_subclass": (lambda: _DenseSubclass(4, name="variant"), "a subclass of Dense: its call may not be Dense's"),
+    "separable": (lambda: L.SeparableConv2D(4, 3, name="variant"), "tf_glp's concurrent ops run Conv2D and Dense only"),
+    "transposed": (lambda: L.Conv2DTranspose(4, 3, name="variant"), "tf_glp's concurrent ops run Conv2D and Dense only"),
+    "einsum_dense": (lambda: L.EinsumDense("abcd,de->abce", output_shape=(8, 8, 4), name="variant"),
+                     "tf_glp's concurrent ops run Conv2D and Dense only"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_MORE_VARIANTS))
+def test_more_layer_kinds_are_left_alone_with_the_reason(kind):
+    make, reason = _MORE_VARIANTS[kind]
+    model = keras.Sequential([keras.Input((8, 8, 2)), make(), L.Flatten(), L.Dense(10, name="logits")])
+    plan = tf_glp.profile(model, np.zeros((32, 8, 8, 2), np.float32), trials=1)
+    assert [layer.name for layer in plan.layers] == ["logits"]
+    layer_class = type(model.get_layer("variant")).__name__
+    assert plan.left_alone == [{"name": "variant", "layer_class": layer_class, "reason": reason}]
+
+
 def test_a_model_with_nothing_to_profile_names_what_it_left_alone(capsys):
     model = keras.Sequential([keras.Input((8, 8, 1)), L.Reshape((8, 8)), L.Conv1D(4, 3, name="conv1d"), L.Flatten(),
                               L.Dense(10, dtype="float64", name="wide")])
