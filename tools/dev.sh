@@ -22,25 +22,18 @@ install() {
 }
 
 native_tests() {
-  # The framework-agnostic core, built and tested without TensorFlow.
-  "$VENV/bin/cmake" -S cc -B build/cc -DCMAKE_BUILD_TYPE=Release > /dev/null
-  if ! "$VENV/bin/cmake" --build build/cc -j "$(nproc)" > build/cc/build.log 2>&1; then
-    cat build/cc/build.log
-    exit 1
-  fi
-  "$VENV/bin/ctest" --test-dir build/cc --output-on-failure
-}
-
-sanitized_native_tests() {
-  # The core and its tests with AddressSanitizer and UndefinedBehaviorSanitizer
-  # (cc/CMakeLists.txt, TF_GLP_SANITIZE): any finding fails a test.
-  "$VENV/bin/cmake" -S cc -B build/cc_sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTF_GLP_SANITIZE=ON > /dev/null
-  if ! "$VENV/bin/cmake" --build build/cc_sanitize -j "$(nproc)" > build/cc_sanitize/build.log 2>&1; then
-    cat build/cc_sanitize/build.log
+  # The framework-agnostic core, built and tested without TensorFlow, in
+  # build folder $1 with CMake options $2... (the sanitizer build: any
+  # finding fails a test).
+  local build="$1"
+  shift
+  "$VENV/bin/cmake" -S cc -B "$build" "$@" > /dev/null
+  if ! "$VENV/bin/cmake" --build "$build" -j "$(nproc)" > "$build/build.log" 2>&1; then
+    cat "$build/build.log"
     exit 1
   fi
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    "$VENV/bin/ctest" --test-dir build/cc_sanitize --output-on-failure
+    "$VENV/bin/ctest" --test-dir "$build" --output-on-failure
 }
 
 case "${1:-}" in
@@ -52,7 +45,7 @@ case "${1:-}" in
   test)
     install
     shift
-    native_tests
+    native_tests build/cc -DCMAKE_BUILD_TYPE=Release
     # Two pytest processes (pytest-xdist), each test file whole in one of
     # them (its module fixtures built once): much of the suite is Python
     # tracing and process start-up, which one core runs at a time.
@@ -65,7 +58,9 @@ case "${1:-}" in
     ;;
   sanitize)
     install
-    sanitized_native_tests
+    # The core and its tests with AddressSanitizer and UndefinedBehaviorSanitizer
+    # (cc/CMakeLists.txt, TF_GLP_SANITIZE).
+    native_tests build/cc_sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTF_GLP_SANITIZE=ON
     ;;
   *)
     echo "usage: tools/dev.sh quickstart|test|sanitize [extra args]" >&2

@@ -24,12 +24,15 @@ def close(actual, expected, rtol):
     np.testing.assert_allclose(np.asarray(actual), expected, rtol=rtol, atol=rtol * max(scale, 1.0))
 
 
-def conv_and_grads(fn, x, w, dy):
+def conv_and_grads_tensors(fn, x, w, dy):
     with tf.GradientTape() as tape:
         tape.watch([x, w])
         y = fn(x, w)
-    dx, dw = tape.gradient(y, [x, w], output_gradients=dy)
-    return y.numpy(), dx.numpy(), dw.numpy()
+    return [y, *tape.gradient(y, [x, w], output_gradients=dy)]
+
+
+def conv_and_grads(fn, x, w, dy):
+    return tuple(t.numpy() for t in conv_and_grads_tensors(fn, x, w, dy))
 
 
 conv_cases = st.fixed_dictionaries(
@@ -322,12 +325,6 @@ def test_fallback_computes_what_tensorflows_conv_gets_wrong(rng, native_mode, mo
     close(got[1], conv2d_backprop_input_reference(x.shape, w.astype(np.float64), dy.astype(np.float64), attrs), 1e-4)
     close(got[2], conv2d_backprop_filter_reference(x.astype(np.float64), w.shape, dy.astype(np.float64), attrs), 1e-4)
 
-
-def conv_and_grads_tensors(fn, x, w, dy):
-    with tf.GradientTape() as tape:
-        tape.watch([x, w])
-        y = fn(x, w)
-    return [y, *tape.gradient(y, [x, w], output_gradients=dy)]
 
 
 _THREAD_BOUND_SCRIPT = """

@@ -38,6 +38,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import tf_glp
+from raw_op_fuzz import conv_geometry
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "raw_op_fuzz.py")
 FUZZ_CASES = int(os.environ.get("TF_GLP_FUZZ_CASES") or 0)
@@ -65,14 +66,6 @@ def ints(values, dtype: str = "int32") -> dict:
 
 def scalar(value: float, dtype: str = "float32") -> dict:
     return {"dtype": dtype, "values": value}
-
-
-def conv_geometry(in_hw, filter_hw, strides, dilations, same: bool):
-    out = []
-    for i in range(2):
-        span = (filter_hw[i] - 1) * dilations[i] + 1
-        out.append(-(-in_hw[i] // strides[i]) if same else (in_hw[i] - span) // strides[i] + 1)
-    return out
 
 
 def broken(case: dict, why: str, expect: str = "invalid") -> dict:
@@ -111,7 +104,7 @@ def conv_cases(draw, op: str) -> dict:
     fits = all((filter_hw[i] - 1) * dilations[i] + 1 <= in_hw[i] for i in range(2))
     if not fits:
         padding = "SAME"
-    out_hw = conv_geometry(in_hw, filter_hw, strides, dilations, padding == "SAME")
+    out_hw = conv_geometry({"strides": strides, "dilations": dilations, "padding": padding}, in_hw, filter_hw)["out"]
     x = tensor(dtype, [batch, *in_hw, in_c], seed0, fill)
     w = tensor(dtype, [*filter_hw, in_c, out_c], seed0 + 1, fill)
     dy = tensor(dtype, [batch, *out_hw, out_c], seed0 + 2, fill)
