@@ -13,8 +13,8 @@ data) in these configurations, each in its own processes:
   workers (update="host" and "replicas");
 - 2 workers of TensorFlow's MultiWorkerMirroredStrategy (one CPU each):
   stock, which fails under Keras 3.15 (the error is reported), and with
-  the two Keras workarounds tf_glp applies (tf_glp.strategy.strategy's
-  _MultiWorkerKerasFixes), so that it trains.
+  the two Keras workarounds tf_glp applies (tf_glp.strategy.multi_worker_strategy's
+  MultiWorkerKerasFixes), so that it trains.
 
 Reported per configuration: start-up + first epoch (what the user waits
 for: the cluster, variables broadcast from the chief, tracing, the first
@@ -69,9 +69,9 @@ def worker(concept: str) -> None:
     elif concept == "mwms-stock":
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     else:
-        from tf_glp.strategy.strategy import _MultiWorkerKerasFixes
+        from tf_glp.strategy.multi_worker_strategy import MultiWorkerKerasFixes
 
-        class FixedMultiWorkerMirrored(_MultiWorkerKerasFixes, tf.distribute.MultiWorkerMirroredStrategy):
+        class FixedMultiWorkerMirrored(MultiWorkerKerasFixes, tf.distribute.MultiWorkerMirroredStrategy):
             pass
 
         strategy = FixedMultiWorkerMirrored()

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import tf_glp
 from tf_glp.profiling import optimizer_step
-from tf_glp.strategy.strategy import SingleDeviceStrategy
+from tf_glp.strategy import SingleDeviceStrategy
 
 L = keras.layers
 

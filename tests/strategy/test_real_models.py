@@ -439,11 +439,11 @@ def test_loss_scaled_host_update_with_compression_trains_like_without(compressio
             keras.mixed_precision.set_global_policy("float32")
 
     reference, reference_scale = train(glp("host"))
-    from tf_glp.strategy import cross_device_ops
+    from tf_glp.strategy import compression as compression_lib
 
     compressed = []
-    original = cross_device_ops.compress
-    monkeypatch.setattr(cross_device_ops, "compress",
+    original = compression_lib.compress
+    monkeypatch.setattr(compression_lib, "compress",
                         lambda parts, *a, **k: compressed.append(len(parts)) or original(parts, *a, **k))
     ours, scale = train(tf_glp.Strategy(DEVICES, update="host", chunking="none", compression=compression))
     # Each gradient was compressed once, as its two replica parts; never the host sum again.

@@ -12,7 +12,7 @@ instance-level ones (an optimizer's slot lists) built from real Keras
 objects; `require_internals()`, called when the first tf_glp.Strategy is
 created, raises instead of letting tf_glp run half-patched.
 
-host_copies.py, multi_worker.py and one_device.py subclass TensorFlow's
+host_copies.py, multi_worker_strategy.py and one_device_strategy.py subclass TensorFlow's
 private strategy extended classes, which they get from here
 (mirrored_extended_class, ...) with the state they read and the helpers
 they call; the private methods they override are listed in INTERNALS (the
@@ -62,11 +62,11 @@ INTERNALS = {
     ("tensorflow.python.distribute.mirrored_strategy", "MirroredExtended", "_local_results"):
         "the results of a host update (host_copies.py)",
     ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
-     "_initialize_local_devices"): "overridden: tf_glp's replicas on each worker (multi_worker.py)",
+     "_initialize_local_devices"): "overridden: tf_glp's replicas on each worker (multi_worker_strategy.py)",
     ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
-     "_get_variable_creator_initial_value"): "overridden: initial values checked, then the chief's (multi_worker.py)",
+     "_get_variable_creator_initial_value"): "overridden: initial values checked, then the chief's (multi_worker_strategy.py)",
     ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
-     "_gather_to_implementation"): "overridden: gathers stay TensorFlow's (multi_worker.py)",
+     "_gather_to_implementation"): "overridden: gathers stay TensorFlow's (multi_worker_strategy.py)",
     ("tensorflow.python.distribute", "distribute_lib", "_get_default_strategy"):
         "whether a model trains without a strategy (is_default_strategy)",
     ("tensorflow.python.framework", "config", "is_op_determinism_enabled"):
@@ -102,7 +102,7 @@ INTERNALS = {
     ("keras.src.optimizers.loss_scale_optimizer", "LossScaleOptimizer", "apply"):
         "patched: an optimizer met unbuilt in the replicas' step is built outside the trace (patches.py)",
     ("tensorflow.python.distribute.one_device_strategy", "OneDeviceExtended", "_experimental_distribute_dataset"):
-        "overridden: a one-device tf_glp.Strategy leaves datasets as plain Keras iterates them (one_device.py)",
+        "overridden: a one-device tf_glp.Strategy leaves datasets as plain Keras iterates them (one_device_strategy.py)",
     ("tensorflow.python.distribute.mirrored_strategy", "MirroredExtended", "_experimental_distribute_dataset"):
         "overridden: one CPU replica's datasets left as plain Keras iterates them (host_copies.py)",
     ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
@@ -111,7 +111,7 @@ INTERNALS = {
     ("tensorflow.python.distribute", "distribute_utils", "select_replica"): "one replica's arguments (host_copies.py)",
     ("tensorflow.python.distribute", "values", "DistributedVariable"): "is_distributed_variable",
     ("tensorflow.python.distribute", "values", "PerReplica"): "micro-batch gradients handed over unsummed",
-    ("tensorflow.python.ops", "collective_ops", "all_reduce_v2"): "integers checked across workers (multi_worker.py)",
+    ("tensorflow.python.ops", "collective_ops", "all_reduce_v2"): "integers checked across workers (multi_worker_strategy.py)",
     ("tensorflow.python.distribute", "multi_worker_util", "coordination_leader"):
         "the coordination service as MultiWorkerMirroredStrategy configures it (cluster.py)",
     ("tensorflow.python.eager", "context", "Context"): "configure_coordination_service",
@@ -362,7 +362,7 @@ def in_xla_context() -> bool:
 
 # -- tf.distribute's private classes and state ----------------------------------
 # tf_glp's strategies subclass TensorFlow's extended objects (host_copies.py,
-# one_device.py, multi_worker.py): the classes, the state they read and the
+# one_device_strategy.py, multi_worker_strategy.py): the classes, the state they read and the
 # helpers they call come from here.
 def mirrored_extended_class():
     """MirroredStrategy's extended object (host_copies.HostMirroredExtended)."""
@@ -372,14 +372,14 @@ def mirrored_extended_class():
 
 
 def one_device_extended_class():
-    """OneDeviceStrategy's extended object (one_device.OneDeviceExtended)."""
+    """OneDeviceStrategy's extended object (one_device_strategy.OneDeviceExtended)."""
     from tensorflow.python.distribute import one_device_strategy  # noqa: PLC0415
 
     return one_device_strategy.OneDeviceExtended
 
 
 def collective_extended_class():
-    """MultiWorkerMirroredStrategy's extended object (multi_worker.py)."""
+    """MultiWorkerMirroredStrategy's extended object (multi_worker_strategy.py)."""
     from tensorflow.python.distribute import collective_all_reduce_strategy  # noqa: PLC0415
 
     return collective_all_reduce_strategy.CollectiveAllReduceExtended

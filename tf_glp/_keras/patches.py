@@ -27,10 +27,10 @@ tf_glp.Strategy:
   cross-replica context of a tf_glp.Strategy, where that step runs, it calls
   the function directly instead of failing for want of a replica context.
 - TFOptimizer._backend_update_step: the fused host update (update="host",
-  SGD / Adam / AdamW; and on one device where it measured faster: without
+  for tf_glp.ops.FUSED_OPTIMIZERS; and on one device where it measured faster: without
   a strategy as the start-up profiler chose it,
   tf_glp.profiling.optimizer_step, or under a one-device tf_glp.Strategy,
-  one_device.py; set_fused_update).
+  one_device_strategy.py; set_fused_update).
 - TFOptimizer._apply_weight_decay: skipped when the fused update applies it.
 - Trainer.compile: with replicas, jit_compile="auto" becomes False (the
   host ops run outside XLA) and jit_compile=True is refused with a clear
@@ -48,17 +48,21 @@ A one-device tf_glp.Strategy (no GPUs, no replicas asked for) takes none
 of the multi-replica paths: Keras' own step runs, as without a strategy,
 with only the fused update where it measured faster.
 
-They are installed once, when the first tf_glp.Strategy is created (or the
-start-up profiler first chooses the fused update), after
+What they call on a tf_glp.Strategy is the contract StrategyHooks below
+writes down. They are installed once, when the first tf_glp.Strategy is
+created (or the start-up profiler first chooses the fused update), after
 compat.require_internals() has checked that the installed Keras still
 has every method they wrap (it raises, naming what changed, if not).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 import keras
 import tensorflow as tf
@@ -82,7 +86,65 @@ _SEED_GENERATOR = ("keras.src.random.seed_generator", "SeedGenerator")
 _BATCH_NORMALIZATION = ("keras.src.layers.normalization.batch_normalization", "BatchNormalization")
 
 
-def _glp_strategy(obj):
+@runtime_checkable
+class StrategyHooks(Protocol):
+    """What the wrappers below call on a tf_glp.Strategy (tf_glp/strategy/
+    strategy.py implements it; this module imports nothing of tf_glp's
+    above the boundary, so the contract is written here). Each hook is
+    called only where `_glp_strategy` found the strategy; a hook that
+    returns a bool says by its name what True means.
+
+    Attributes:
+        _is_tf_glp_strategy: True: marks the strategy for `_glp_strategy`.
+        _is_one_device: A one-device strategy: Keras' own step runs (as
+            without a strategy); only the fused update may replace Keras'
+            update, through `set_fused_update`.
+        micro_batches: None, or M: Keras' train_step becomes
+            `_micro_batch_train_step`.
+    """
+
+    _is_tf_glp_strategy: bool
+    _is_one_device: bool
+    micro_batches: int | None
+
+    def _apply_once(self, optimizer, run: Callable[[list, Any], Any], grads: list, variables,
+                    *, loss_scaled: bool = False) -> None:
+        """Runs the optimizer step from inside the replicas' step, once per
+        step: called by `BaseOptimizer.apply` (and LossScaleOptimizer's
+        `_tf_apply`) with the replica's gradients; `run(grads, variables)`
+        is Keras' own apply, to be called once in cross-replica context on
+        the summed gradients."""
+
+    def _build_outside_the_trace(self, optimizer, variables) -> None:
+        """Builds an optimizer met unbuilt in the replicas' step, outside the
+        trace, as fit would have built it."""
+
+    def _handled_update(self, optimizer, grads: list, variables: list) -> bool:
+        """Called by `_backend_update_step` in the strategy's step: applies
+        the update itself (the fused host update) and returns True, or
+        returns False and Keras' own update runs."""
+
+    def _fuses_update_here(self, optimizer, variables: list) -> bool:
+        """Whether `_handled_update` applies this update here (then Keras'
+        `_apply_weight_decay` is skipped: the fused pass applies it)."""
+
+    def _reducing_gradients(self) -> contextlib.AbstractContextManager:
+        """Context around Keras' own update when it sums gradients from a
+        replica: those reductions are gradient sums (compression applies)."""
+
+    def _prepare_compile(self, arguments: dict) -> None:
+        """Called by `Trainer.compile` with its bound arguments, before
+        Keras' compile (multi-replica strategies only); may change them."""
+
+    def _prepare_fit(self, model, arguments: dict) -> None:
+        """Called by `fit` with its bound arguments, before Keras' fit; may
+        check them and add callbacks."""
+
+    def _micro_batch_train_step(self, model, data):
+        """Keras' train_step under micro_batches=M; returns the logs."""
+
+
+def _glp_strategy(obj) -> StrategyHooks | None:
     """The tf_glp.Strategy that `obj` (a model or optimizer) runs under, if any.
 
     An optimizer created outside `strategy.scope()` (as in
@@ -192,7 +254,7 @@ def _install_optimizer_hooks() -> None:
                 compat.apply_weight_decay_to_copy(self, trainable_variables)
             if strategy is None or _one_device(strategy):
                 return original(self, grads, trainable_variables, learning_rate)
-            if strategy._apply_update(self, grads, trainable_variables):
+            if strategy._handled_update(self, grads, trainable_variables):
                 return None
             with strategy._reducing_gradients():  # Keras' all-reduce, if called from a replica
                 return original(self, grads, trainable_variables, learning_rate)
@@ -201,7 +263,7 @@ def _install_optimizer_hooks() -> None:
     def apply_weight_decay(original):
         def _apply_weight_decay(self, variables):
             strategy = _glp_strategy(self)
-            if _fused_on_one_device(self) is not None or (strategy is not None and strategy._fusing_now(self, variables)):
+            if _fused_on_one_device(self) is not None or (strategy is not None and strategy._fuses_update_here(self, variables)):
                 return None  # the fused update applies it, with the same learning rate
             return original(self, variables)
         return _apply_weight_decay

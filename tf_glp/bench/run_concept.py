@@ -21,7 +21,10 @@ import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from tf_glp.strategy import concepts as update_concepts  # noqa: E402 (after the log level: it imports TensorFlow)
+
 EVALUATIONS = 3  # held-out evaluations per run (at equal step intervals)
+TF_GLP = "tf_glp-"  # the prefix of tf_glp's entries
 
 # Concept name -> (what it is, whether it runs with one replica only).
 CONCEPTS = {
@@ -30,8 +33,10 @@ CONCEPTS = {
     "mirrored-ring": ("synchronous all-reduce: MirroredStrategy, default (collective ring on CPUs)", False),
     "mirrored-host-reduce": ("centralised reduction: MirroredStrategy with ReductionToOneDevice('/cpu:0')", False),
     "central-storage": ("parameter-server style: CentralStorageStrategy (variables on '/cpu:0')", False),
-    "tf_glp-host": ("tf_glp.Strategy(update='host'): host sums and applies the optimizer once", False),
-    "tf_glp-replicas": ("tf_glp.Strategy(update='replicas'): host sums, replicas apply", False),
+    # One per update concept a user can set (tf_glp/strategy/concepts.py);
+    # "all-reduce" is MirroredStrategy's, compared as "mirrored-*".
+    **{f"{TF_GLP}{name}": (f"tf_glp.Strategy(update={name!r}): {concept.summary}", False)
+       for name, concept in update_concepts.CONCEPTS.items() if concept.settable},
     "multi-worker-mirrored": ("multi-worker all-reduce: MultiWorkerMirroredStrategy, local workers", False),
     "tf_glp-multi-worker": ("tf_glp.Strategy(update='host') across local workers: host sums per worker, "
                             "collective all-reduce between workers", False),
@@ -55,10 +60,10 @@ def _strategy(concept: str, devices: list[str]):
         return tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice("/cpu:0"))
     if concept == "central-storage":
         return tf.distribute.experimental.CentralStorageStrategy(devices, parameter_device="/cpu:0")
-    if concept in ("tf_glp-host", "tf_glp-multi-worker"):  # multi-worker when TF_CONFIG is set
-        return tf_glp.Strategy(devices, update="host")
-    if concept == "tf_glp-replicas":
-        return tf_glp.Strategy(devices, update="replicas")
+    if concept == "tf_glp-multi-worker":  # multi-worker: TF_CONFIG is set
+        return tf_glp.Strategy(devices, update=update_concepts.HOST.name)
+    if concept.startswith(TF_GLP) and concept[len(TF_GLP):] in update_concepts.CONCEPTS:
+        return tf_glp.Strategy(devices, update=concept[len(TF_GLP):])
     if concept == "multi-worker-mirrored":
         return tf.distribute.MultiWorkerMirroredStrategy()
     raise ValueError(f"unknown concept {concept!r}; known: {', '.join(CONCEPTS)}")

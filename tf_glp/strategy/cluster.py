@@ -4,7 +4,7 @@ checked, the coordination service configured, the start-up bounded.
 TensorFlow's own start-up waits for every worker without a limit and cannot
 be interrupted; a worker started with a wrong TF_CONFIG or a busy port would
 hang or fail with an error naming nothing. Here each of those is named, and
-the wait ends after TF_GLP_CLUSTER_TIMEOUT seconds (multi_worker.py starts
+the wait ends after TF_GLP_CLUSTER_TIMEOUT seconds (multi_worker_strategy.py starts
 the cluster through `start`).
 """
 

@@ -7,23 +7,25 @@ actually used is chosen by measurement, never by this model alone.
 
 Per training step, P float32 parameters (4P bytes of gradients), N GPUs,
 an optimizer that reads and writes S bytes of state per parameter (Adam:
-parameter, two moments: S = 24, plus the 4 bytes of the gradient read):
+parameter, two moments: S = 24, plus the 4 bytes of the gradient read).
+Each registered concept says what it moves (concepts.py, `traffic`):
 
-- update="host" (ICPE 2018): every GPU copies its gradients to the host
+- "host" (ICPE 2018): every GPU copies its gradients to the host
   (4P bytes over its own PCIe link, the N links in parallel); the host sums
   the N copies inside the fused update, which reads and writes the state
   there; then every GPU receives the new weights (4P bytes each). Host
   memory carries N*4P (copies in) + N*4P (read by the sum) + S*P (state) +
   N*4P (copies out). PCIe per GPU: 8 bytes per parameter.
-- update="replicas": the same copies in and the host sum (N*4P + N*4P + 4P
+- "replicas": the same copies in and the host sum (N*4P + N*4P + 4P
   bytes of host memory); the sum goes back (4P per GPU); every GPU applies
   the update in its own memory ((S + 4)P bytes, at GPU memory speed).
 - "all-reduce" (MirroredStrategy, NCCL ring): every GPU sends and receives
   2(N - 1)/N * 4P bytes over the GPU-GPU links (NVLink; over PCIe where
   there is none), then updates in its own memory. The host moves nothing.
-- "one GPU": the whole global batch on one GPU: no communication, the
-  update in GPU memory, but N times one replica's compute (not modelled:
-  the measurement compares it).
+- "one GPU" (not an update concept: the alternative of no replicas): the
+  whole global batch on one GPU: no communication, the update in GPU
+  memory, but N times one replica's compute (not modelled: the
+  measurement compares it).
 
 Chunking (cost_model.py) hides the copies in and the host's work of all but
 the last chunk behind the backward pass; the copy back stays exposed, since
@@ -44,8 +46,10 @@ from __future__ import annotations
 
 import dataclasses
 
-CONCEPTS = ("host", "replicas", "all-reduce", "one GPU")
-GRADIENT_BYTES = 4  # float32
+from tf_glp.strategy import concepts
+
+ONE_GPU = "one GPU"
+CONCEPTS = (*concepts.CONCEPTS, ONE_GPU)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,19 +114,22 @@ def predict(parameters: int, machine: Machine, state_bytes_per_parameter: int = 
     """
     if parameters < 0:
         raise ValueError(f"parameters must be >= 0, got {parameters}")
-    n, p = machine.gpus, parameters
-    grad = GRADIENT_BYTES * p
-    update_bytes = (state_bytes_per_parameter + GRADIENT_BYTES) * p
-    device_update = update_bytes / machine.gpu_memory_bytes_per_s
-    one_way = grad / machine.pcie_bytes_per_s
-    host_traffic = {"host": 3 * n * grad + state_bytes_per_parameter * p, "replicas": 3 * n * grad + grad}
-    costs = {}
-    for concept, traffic in host_traffic.items():
-        host = traffic / machine.host_memory_bytes_per_s
-        update = device_update if concept == "replicas" else 0.0
-        costs[concept] = ConceptCost(concept, 2 * one_way, host, update, exposed_after_chunking=one_way + update)
-    ring_bytes = 2 * (n - 1) / n * grad
-    link = ring_bytes / (machine.gpu_link_bytes_per_s or machine.pcie_bytes_per_s)
-    costs["all-reduce"] = ConceptCost("all-reduce", link, 0.0, device_update, link + device_update)
-    costs["one GPU"] = ConceptCost("one GPU", 0.0, 0.0, device_update, device_update)
+    device_update = (state_bytes_per_parameter + concepts.GRADIENT_BYTES) * parameters / machine.gpu_memory_bytes_per_s
+    costs = {name: _cost(concept, machine, parameters, state_bytes_per_parameter)
+             for name, concept in concepts.CONCEPTS.items()}
+    costs[ONE_GPU] = ConceptCost(ONE_GPU, 0.0, 0.0, device_update, device_update)
     return costs
+
+
+def _cost(concept: concepts.UpdateConcept, machine: Machine, parameters: int,
+          state_bytes_per_parameter: int) -> ConceptCost:
+    """The seconds of what `concept` moves on `machine`. The copy back (and
+    what follows it) stays exposed after chunking: the next forward pass
+    needs it."""
+    traffic = concept.traffic(machine.gpus, parameters, state_bytes_per_parameter)
+    pcie = (traffic.pcie_in + traffic.pcie_out) / machine.pcie_bytes_per_s
+    link = pcie + traffic.gpu_link / (machine.gpu_link_bytes_per_s or machine.pcie_bytes_per_s)
+    host = traffic.host_memory / machine.host_memory_bytes_per_s
+    update = traffic.device_memory / machine.gpu_memory_bytes_per_s
+    exposed = traffic.pcie_out / machine.pcie_bytes_per_s + (link - pcie) + update
+    return ConceptCost(concept.name, link, host, update, exposed_after_chunking=exposed)

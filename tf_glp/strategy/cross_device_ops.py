@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from tf_glp.ops import host_reduce
+from tf_glp.strategy import compression as compression_lib
 
 _HOST_REDUCE_DTYPES = (tf.float32, tf.bfloat16, tf.float16)
-COMPRESSION_DTYPES = {None: None, "bf16": tf.bfloat16, "fp16": tf.float16}
 
 
 def local_components(value) -> list[tf.Tensor]:
@@ -55,48 +55,6 @@ def byte_sizes(parts_per_value: Sequence[Sequence[tf.Tensor]]) -> list[int]:
     return [int(parts[0].shape.num_elements() or 0) * parts[0].dtype.size for parts in parts_per_value]
 
 
-_FLOAT16_MAX = 65504.0
-
-
-def compress(parts: Sequence[tf.Tensor], compression: str | None, *, overflow: str = "raise") -> list[tf.Tensor]:
-    """Casts float32 parts to 16 bits on their own devices before they cross
-    to the host (accumulation on the host stays float32).
-
-    A finite float32 value beyond float16's range (65504) would become inf.
-    With overflow="raise" that is an InvalidArgumentError naming the value;
-    with overflow="propagate" the inf goes on, for a caller that checks the
-    sum and skips the step (dynamic loss scaling under update="host").
-    bfloat16 has float32's range and cannot overflow.
-    """
-    dtype = COMPRESSION_DTYPES[compression]
-    if dtype is None:
-        return list(parts)
-    out = []
-    for part in parts:
-        if part.dtype == tf.float32:
-            with tf.device(part.device):
-                if dtype == tf.float16 and overflow == "raise":
-                    part = _checked_float16(part)
-                part = tf.cast(part, dtype)
-        out.append(part)
-    return out
-
-
-def _checked_float16(part: tf.Tensor) -> tf.Tensor:
-    # Only finite values that float16 cannot hold fail; a gradient that is
-    # already inf or NaN passes through as it would without compression.
-    largest = tf.reduce_max(tf.where(tf.math.is_finite(part), tf.abs(part), 0.0))
-    check = tf.debugging.Assert(
-        largest <= _FLOAT16_MAX,
-        ["tf_glp.Strategy(compression='fp16'): a gradient value of magnitude", largest,
-         "does not fit in float16 (largest 65504) and would become inf. Use compression='bf16' "
-         "(float32's range), or the 'mixed_float16' policy with update='host', whose loss scaling "
-         "skips such steps."],
-        summarize=1)
-    with tf.control_dependencies([check]):
-        return tf.identity(part)
-
-
 def reduce_on_host(parts: Sequence[tf.Tensor], reduce_op: tf.distribute.ReduceOp, out_dtype: tf.DType,
                    host_device: str) -> tf.Tensor:
     """Sum or mean of `parts` on the host: native host_reduce for float
@@ -122,9 +80,10 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
 
     Args:
         host_device: Where reductions run (default: "/cpu:0").
-        compression: None, "bf16" or "fp16": float32 gradients (reductions
-            inside `reducing_gradients()`) cross to the host in 16 bits and
-            are accumulated in float32 (default: None, no compression).
+        compression: None or a scheme of compression.py ("bf16", "fp16"):
+            float32 gradients (reductions inside `reducing_gradients()`)
+            cross to the host compressed and are accumulated in float32
+            (default: None, no compression).
         chunk_plan: Called with the values' sizes in bytes, returns chunks of
             indices (default: every value its own chunk).
 
@@ -136,10 +95,9 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
     def __init__(self, host_device: str = "/cpu:0", compression: str | None = None,
                  chunk_plan: Callable[[list[int]], list[list[int]]] | None = None):
         super().__init__()
-        if compression not in COMPRESSION_DTYPES:
-            raise ValueError(f"compression must be None, 'bf16' or 'fp16', got {compression!r}")
         self.host_device = host_device
         self.compression = compression
+        self.scheme = compression_lib.get(compression)  # (ValueError naming the known schemes)
         self.chunk_plan = chunk_plan
         # Sums a chunk's host results across the workers, one collective per
         # chunk (span_workers).
@@ -148,7 +106,7 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
         self._lock = threading.Lock()
 
     def span_workers(self, host_device: str, across_workers: Callable[[list], list]) -> None:
-        """Makes the reductions hierarchical (multi_worker.py): this worker's
+        """Makes the reductions hierarchical (multi_worker_strategy.py): this worker's
         host (`host_device`, in full) sums its replicas, then
         `across_workers` sums the hosts' results (it has `num_workers`)."""
         if self.across_workers is not None:
@@ -202,7 +160,7 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
         present = [i for i, value in enumerate(values) if value is not None]
         parts = [local_components(values[i]) for i in present]
         sparse = {k for k, i in enumerate(present) if is_sparse(values[i])}
-        compression = self.compression if gradients or self._gradient_scopes else None
+        scheme = self.scheme if gradients or self._gradient_scopes else None
         # Across workers, each worker sums its own replicas and the workers'
         # sums are added: a mean divides once, by every replica of the cluster.
         local_op = tf.distribute.ReduceOp.SUM if self.across_workers else reduce_op
@@ -215,8 +173,8 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
                     replicas = value.values if isinstance(value, tf.distribute.DistributedValues) else [value]
                     reduced[k] = concat_on_host(replicas, local_op, self.host_device)
                 else:
-                    reduced[k] = reduce_on_host(compress(parts[k], compression, overflow=overflow), local_op,
-                                                parts[k][0].dtype, self.host_device)
+                    wire = compression_lib.for_host(parts[k], scheme, self.host_device, overflow=overflow)
+                    reduced[k] = reduce_on_host(wire, local_op, parts[k][0].dtype, self.host_device)
             if self.across_workers:
                 reduced = dict(zip(chunk, self.across_workers([reduced[k] for k in chunk])))
                 if reduce_op == tf.distribute.ReduceOp.MEAN:

@@ -6,6 +6,11 @@ import os
 
 import tensorflow as tf
 
+from tf_glp.strategy import cluster
+
+# Where a strategy trains: the factory's first question (placement).
+ONE_DEVICE, ONE_MACHINE, WORKERS = "one device", "one machine", "workers"
+
 
 def cpu_replica_devices(count: int) -> list[str]:
     """`count` logical CPU devices, configured now if TensorFlow allows it.
@@ -59,6 +64,17 @@ def trains_on_one_device(devices, cpu_replicas: int | None) -> bool:
     replicas share the same cores, so they could only add work."""
     return (devices is None and cpu_replicas is None and "TF_GLP_CPU_REPLICAS" not in os.environ
             and not tf.config.list_physical_devices("GPU"))
+
+
+def placement(settings) -> str:
+    """Where `tf_glp.Strategy(...)` trains with these Settings: across
+    workers (a cluster is given or in TF_CONFIG), on one device, or on one
+    machine's replicas."""
+    if cluster.resolve_cluster(settings.cluster_resolver) is not None:
+        return WORKERS
+    if settings.micro_batches is None and trains_on_one_device(settings.devices, settings.cpu_replicas):
+        return ONE_DEVICE
+    return ONE_MACHINE
 
 
 def _env_cpu_replicas() -> int:

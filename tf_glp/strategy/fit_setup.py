@@ -9,7 +9,7 @@ fit patch in tf_glp/_keras/patches.py through Strategy._prepare_fit).
 - A plain keras.callbacks.BackupAndRestore becomes tf_glp's (chief-only
   writes across workers, batch-level resume;
   tf_glp/callbacks/backup_and_restore.py).
-- On one device, the optimizer step's decision (one_device.py).
+- On one device, the optimizer step's decision (one_device_strategy.py).
 - update="auto" decides its concept, before fit builds anything
   (update_choice.py).
 """
@@ -36,7 +36,7 @@ def prepare(model, strategy, arguments: dict) -> None:
         strategy.extended.check_same_on_every_worker(
             [batch or 0], "the workers' global batch sizes differ ({low} to {high}; 0: not known before "
             "training): every worker must use the same global batch size.")
-    announce = strategy._prepare_update(model, arguments, batch)
+    announce = strategy._prepare_concept(model, arguments, batch)
     given = arguments.get("callbacks")
     callbacks = list(given or [])
     if announce is not None:

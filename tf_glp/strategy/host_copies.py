@@ -8,9 +8,9 @@ replicas as stock), and the optimizer step runs once per step on the host,
 in cross-replica context, after the host sum.
 
 CPU-assisted data parallelism (ICPE 2018) needs only the *optimizer step* on
-the host. So the extended object below differs from MirroredStrategy's in
-two places (and, with one CPU replica, in its input: the dataset is left
-as plain Keras iterates it, there being nothing to split or place):
+the host. So HostUpdateExtended, the part of the extended objects of
+update="host" (host_strategy.py, multi_worker_strategy.py) that differs
+from MirroredStrategy's, changes two things:
 
 - Creation: a variable the optimizer creates (slots, EMA averages, gradient
   accumulators, Nadam's and Muon's extra state, the iteration counter,
@@ -49,7 +49,6 @@ import threading
 import tensorflow as tf
 
 from tf_glp._keras import compat
-from tf_glp.strategy.devices import all_gpus
 
 
 def _same_device(a: str, b: str) -> bool:
@@ -233,24 +232,3 @@ class HostUpdateExtended:
         if isinstance(var, tf.distribute.DistributedValues):
             return super().read_var(var)
         return tf.identity(var.read_value())
-
-
-class HostMirroredExtended(HostUpdateExtended, compat.mirrored_extended_class()):
-    """MirroredStrategy's extended object with the host homes and updates
-    of update="host" on one machine (see the module docstring)."""
-
-    def __init__(self, container_strategy, devices, cross_device_ops, host_device: str, on_host=None):
-        super().__init__(container_strategy, devices=devices, cross_device_ops=cross_device_ops)
-        self._init_host_update(host_device, on_host)
-
-    def _experimental_distribute_dataset(self, dataset, options):
-        # One CPU replica: nothing to split and nothing to place (the
-        # pipeline's tensors are in the replica's memory), so Keras iterates
-        # the dataset as it does without a strategy. tf.distribute's
-        # distributed iterator would add its get-next, its Optional and
-        # their dispatch to every step (0.3-0.7 ms on a tiny model here,
-        # benchmarks/step_trace.py). One GPU keeps it: it prefetches the
-        # next batch onto the GPU while the step runs.
-        if len(self.worker_devices) == 1 and not all_gpus(self.worker_devices):
-            return dataset
-        return super()._experimental_distribute_dataset(dataset, options)

@@ -59,13 +59,11 @@ from tf_glp.strategy import no_xla
 _state = threading.local()
 
 
-def check_setting(micro_batches, replicas: int, workers: int = 1) -> int | None:
-    """The validated setting: None, or a positive int the replica count
-    (`replicas` per worker times `workers`) divides."""
+def check_replicas(micro_batches: int | None, replicas: int, workers: int = 1) -> int | None:
+    """The setting (None, or a positive int: Settings checks it), once the
+    replica count (`replicas` per worker times `workers`) is known to divide it."""
     if micro_batches is None:
         return None
-    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
-        raise ValueError(f"tf_glp.Strategy: micro_batches must be None or a positive int, got {micro_batches!r}")
     where = f"{replicas * workers} replicas ({workers} workers x {replicas})" if workers > 1 else f"{replicas} replicas"
     replicas *= workers
     if micro_batches % replicas:
@@ -242,8 +240,8 @@ def _share_index(strategy):
 
 
 def _workers(strategy):
-    """The cross-worker collectives (multi_worker.WorkerSum), None on one machine."""
-    return strategy._host_ops.across_workers  # noqa: SLF001 (the strategy's own reductions)
+    """The cross-worker collectives (multi_worker_strategy.WorkerSum), None on one machine."""
+    return strategy.host_ops.across_workers
 
 
 def train_step(model, data, strategy):
@@ -319,7 +317,7 @@ def _apply(strategy, optimizer, gradients, variables, shared: dict) -> dict:
         ordered = in_micro_batch_order(strategy, gradients)
         updated = [v for parts, v in zip(ordered, variables) if parts is not None]
         # The fused update adds the M parts in its own pass, in order.
-        unsummed = bool(updated) and strategy._takes_unsummed(optimizer, updated, loss_scaled)
+        unsummed = bool(updated) and strategy.takes_gradients_unsummed(optimizer, updated, loss_scaled)
         summed = []
         with tf.device(strategy.host_device):
             for parts in ordered:
@@ -328,7 +326,7 @@ def _apply(strategy, optimizer, gradients, variables, shared: dict) -> dict:
                     summed.append(MicroBatchGradients(parts) if unsummed else in_order_sum(parts))
             combined = combine(strategy, shared)
         if updated:
-            with strategy._optimizer_step(optimizer, updated):
+            with strategy.update_concept.optimizer_step(strategy, optimizer, updated):
                 if loss_scaled:
                     # (Its own apply insists on a replica context.)
                     compat.apply_loss_scaled(optimizer, summed, updated)
@@ -416,7 +414,7 @@ def _in_order(strategy, per_step: list) -> list:
     count_w, count_r, pieces = workers.num_workers, len(strategy.extended.worker_devices), len(per_step)
     if any(value is None for value in out):  # (a variable without gradients: the same on every worker)
         return [None] * (count_w * len(out))
-    host = strategy._host_ops.host_device  # noqa: SLF001
+    host = strategy.host_device
     with tf.device(host):
         every = tf.unstack(workers.gather(tf.stack([tf.identity(value) for value in out])), num=count_w * len(out))
     # every[(w * R + r) * P + j] is worker w's replica r's j-th micro-batch,

@@ -1,11 +1,12 @@
-"""tf_glp.Strategy's settings: typed once (Strategy.__new__), kept in one
-frozen object that every strategy class reads, printed by explain().
+"""tf_glp.Strategy's settings: the one source of truth for what the user
+passed. Built by keyword (Strategy.__new__), frozen, read by every strategy
+class and printed by explain().
 
-Settings checks what concerns the strategy as a whole (the update mode,
-devices against cpu_replicas). A setting with an owner is validated by
-that owner when the strategy is set up: chunking by strategy.chunking,
-compression by the host reductions (cross_device_ops.py), micro_batches
-against the replica count by micro_batches.py.
+Each setting has its one default here (Strategy's signature reads it from
+this class) and is checked here, in `__post_init__`, with its owner's rule
+where it has one (chunking.py, compression.py, concepts.py); only what needs
+the devices (micro_batches against the replica count: micro_batches.py) is
+checked when the strategy sets up.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-UPDATES = ("host", "replicas", "auto")
+from tf_glp.strategy import chunking, compression, concepts
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Settings:
     """The arguments of tf_glp.Strategy (see its docstring for each).
 
@@ -26,7 +27,7 @@ class Settings:
     """
 
     devices: tuple[str, ...] | None = None
-    update: str = "auto"
+    update: str = concepts.AUTO
     chunking: int | str = "auto"
     compression: str | None = None
     cpu_replicas: int | None = None
@@ -35,14 +36,34 @@ class Settings:
     plan_path: str | None = "glp_strategy_plan.json"
 
     def __post_init__(self):
-        if self.update not in UPDATES:
-            raise ValueError(f"update must be 'host', 'replicas' or 'auto', got {self.update!r}")
+        concepts.check_setting(self.update)
         if self.devices is not None:
             if self.cpu_replicas is not None:
                 raise ValueError("pass either devices or cpu_replicas, not both")
             object.__setattr__(self, "devices", tuple(self.devices))
             if not self.devices:
                 raise ValueError("devices must not be empty")
+        if self.cpu_replicas is not None:
+            if isinstance(self.cpu_replicas, bool) or not isinstance(self.cpu_replicas, int):
+                raise ValueError(f"cpu_replicas must be None or an int, got {self.cpu_replicas!r}")
+            if self.cpu_replicas < 1:
+                raise ValueError(f"cpu_replicas must be at least 1, got {self.cpu_replicas}")
+        chunking.validate_chunking(self.chunking)
+        compression.get(self.compression)
+        if self.micro_batches is not None:
+            if (isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int)
+                    or self.micro_batches < 1):
+                raise ValueError(f"tf_glp.Strategy: micro_batches must be None or a positive int, "
+                                 f"got {self.micro_batches!r}")
+            if self.compression:
+                raise ValueError(f"tf_glp.Strategy: micro_batches={self.micro_batches} sums the micro-batches' "
+                                 f"gradients in float32 as they are; compression={self.compression!r} cannot "
+                                 f"apply to them: pass one")
+
+    @property
+    def concept(self) -> concepts.UpdateConcept:
+        """The update concept these settings run before (or without) a measurement."""
+        return concepts.for_setting(self.update)
 
     def describe(self) -> str:
         """The settings as arguments: update, chunking and compression

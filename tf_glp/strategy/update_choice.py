@@ -1,15 +1,10 @@
 """update="auto": the update concept chosen at the start of the first fit, by
 measuring each candidate on the user's model and batch.
 
-The candidates compute the same update up to the order of a sum:
-
-- "host": the host sums the replicas' gradients and runs the optimizer step
-  once, on the host (host_copies.py), then copies the weights out;
-- "replicas": the host sums, every replica applies the sum with its own
-  optimizer state;
-- "all-reduce": TensorFlow's own all-reduce (NCCL on GPUs; on CPU devices
-  what MirroredStrategy uses, a reduction to one device), every replica
-  applies the sum: MirroredStrategy's concept.
+The candidates are the registered concepts (concepts.py: "host",
+"replicas", TensorFlow's "all-reduce"); they compute the same update up to
+the order of a sum. A concept that does not sum on the host is left out
+under `compression` (which applies to the host's sums only).
 
 How (before Keras' fit traces anything): every model variable's value is
 kept (each replica's copy: batch statistics differ per replica); for each
@@ -61,9 +56,10 @@ import tensorflow as tf
 
 from tf_glp._keras import compat
 from tf_glp.profiling import optimizer_step, plan as plan_lib
+from tf_glp.strategy import concepts
 
-CANDIDATES = ("host", "replicas", "all-reduce")
-DEFAULT = "host"
+CANDIDATES = tuple(concepts.CONCEPTS)  # their names: the form plan files and explain() use
+DEFAULT = concepts.DEFAULT.name
 SCHEMA = 2  # 2: one entry per model
 # A round runs about this long (fewer steps per round for slow steps, at
 # least one): the measurement must stay a small part of a first epoch.
@@ -223,7 +219,7 @@ def decide(strategy, model, arguments: dict, batch: int | None) -> None:
         choice.decide(DEFAULT, f"the optimizer cannot be copied from its config ({type(error).__name__}: "
                                f"{error}) (not measured)")
         return
-    candidates = [c for c in CANDIDATES if not (c == "all-reduce" and strategy.compression)]
+    candidates = [c for c in CANDIDATES if concepts.get(c).sums_on_host or not strategy.compression]
     alone = {}
     if strategy.uses_gpus() if choice.alone is None else choice.alone:
         device = strategy.extended.worker_devices[0]
@@ -242,7 +238,9 @@ def decide(strategy, model, arguments: dict, batch: int | None) -> None:
                     f"replicas for this model and batch (tf_glp does not switch devices: pass them to "
                     f"tf_glp.Strategy)" if wins else f"; {name} is not faster than the replicas")
     if strategy.compression:
-        why += f" (compression={strategy.compression!r} applies to the host's sums only: no all-reduce)"
+        left_out = [c for c in CANDIDATES if c not in candidates]
+        why += (f" (compression={strategy.compression!r} applies to the host's sums only: "
+                f"no {', '.join(left_out)})" if left_out else "")
     choice.decide(concept, why, times, source="measured")
     if path:
         write_plan(path, key, choice)

@@ -5,11 +5,10 @@ Logical CPU replicas share the same cores: they add no compute, only the
 fixed cost of a distributed step (the distributed iterator, the merge, the
 reductions of the logs, a second replica's ops on the same cores: 1-2 ms
 per step over plain Keras on a tiny model on this project's 2-core machine,
-benchmarks/RESULTS.md). So without GPUs tf_glp trains on one
+docs/performance.md). So without GPUs tf_glp trains on one
 device through the path plain Keras takes, with one change where it pays:
 the optimizer step runs through tf_glp's fused native update
-(tf_glp.ops.FusedKerasUpdate: SGD, momentum, Adam, AdamW on float32
-weights) where that measured faster on the model's own shapes at the start
+(tf_glp.ops.FusedKerasUpdate, on float32 weights) where that measured faster on the model's own shapes at the start
 of the first fit (tf_glp.profiling.optimizer_step, as the start-up
 profiler measures it), Keras' own update otherwise.
 
@@ -21,10 +20,15 @@ merge and no reduction.
 
 from __future__ import annotations
 
+import warnings
+
 import keras
+import tensorflow as tf
 
 from tf_glp._keras import compat
 from tf_glp.profiling import optimizer_step
+from tf_glp.strategy import concepts
+from tf_glp.strategy.strategy import HOST_DEVICE, ONE_DEVICE, Strategy
 
 
 class OneDeviceExtended(compat.one_device_extended_class()):
@@ -91,3 +95,52 @@ class OptimizerStepDecision(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if self._choice.decide(self.model):
             self.model.make_train_function(force=True)
+
+
+class SingleDeviceStrategy(Strategy, tf.distribute.OneDeviceStrategy, placement=ONE_DEVICE,
+                           serves=concepts.SETTINGS):
+    """tf_glp.Strategy on one device: `tf_glp.Strategy()` on a machine
+    without GPUs (see the module docstring). Plain Keras' path, with
+    tf_glp's fused optimizer update where it measures faster at the start
+    of the first fit. Any `update=` is accepted: with one device there is
+    nothing to sum.
+
+    Example:
+        >>> strategy = tf_glp.Strategy()  # no GPUs: one device
+        >>> with strategy.scope():
+        ...     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        ...     model.compile(optimizer="adam", loss="mse")
+        >>> model.fit(x, y, batch_size=32)
+        >>> print(strategy.explain())
+    """
+
+    _is_one_device = True
+
+    def _init_distribution(self) -> None:
+        self._set_up([HOST_DEVICE])
+        if self.compression:
+            warnings.warn(f"tf_glp.Strategy: compression={self.compression!r} has nothing to compress on one device "
+                          f"(no gradient crosses to the host); pass cpu_replicas=N to train N replicas.", stacklevel=4)
+        self._step_choice = OptimizerStepChoice(self)
+        tf.distribute.Strategy.__init__(self, OneDeviceExtended(self, HOST_DEVICE))
+
+    def optimizer_step_decided(self, optimizer) -> bool:
+        """Whether this optimizer's step (Keras' or the fused one) is chosen."""
+        return self._step_choice.decided(optimizer)
+
+    def optimizer_step_decision(self) -> keras.callbacks.Callback:
+        """The callback that chooses it at the start of fit (added by fit)."""
+        return OptimizerStepDecision(self._step_choice)
+
+    def _fuses_update(self, optimizer, variables) -> bool:
+        # Never inside a multi-replica step: on one device the fused update
+        # is the optimizer-step choice's (patches.set_fused_update).
+        return False
+
+    def explain(self) -> str:
+        """Why one device, and which optimizer step runs (with its timings)."""
+        return "\n".join([
+            f"tf_glp.Strategy({self.settings.describe()}) on one device ({HOST_DEVICE}): no GPUs, so it trains as "
+            f"plain Keras does; logical CPU replicas would share these cores and only add tf.distribute's fixed "
+            f"cost per step (cpu_replicas=N trains N replicas, to try multi-replica code)",
+            self._step_choice.explain_line()])

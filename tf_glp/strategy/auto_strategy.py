@@ -1,0 +1,52 @@
+"""tf_glp.Strategy with update="auto" on one machine: one strategy whose
+update concept (concepts.py: "host", "replicas" or TensorFlow's
+"all-reduce") is chosen at the start of the first fit by timing each on the
+user's model and batch (update_choice.py). Until then, and for an optimizer
+built before it, the default concept ("host")."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tf_glp.strategy import concepts, update_choice
+from tf_glp.strategy.host_strategy import HostMirroredExtended
+from tf_glp.strategy.strategy import HOST_DEVICE, ONE_MACHINE, Strategy
+
+
+class AutoStrategy(Strategy, tf.distribute.MirroredStrategy, placement=ONE_MACHINE, serves=(concepts.AUTO,)):
+    """tf_glp.Strategy with update="auto" (see Strategy and update_choice.py).
+    The concept in use is `update_concept` (its name: `concept`)."""
+
+    _measures_concept = True
+
+    def _init_distribution(self) -> None:
+        devices = self._set_up()
+        self.update_choice = update_choice.UpdateChoice()
+        if self.micro_batches:
+            self.update_choice.decide(concepts.DEFAULT.name, "micro_batches: the concept whose micro-batched "
+                                                             "result is kept bitwise (not measured)")
+        tf.distribute.Strategy.__init__(self, HostMirroredExtended(
+            self, devices, self._host_ops, HOST_DEVICE, on_host=lambda: self.update_concept.steps_on_host))
+
+    @property
+    def update_concept(self) -> concepts.UpdateConcept:
+        """The concept chosen (or, until the choice, the default)."""
+        return concepts.get(self.update_choice.concept)
+
+    @property
+    def concept(self) -> str:
+        """The name of the concept in use, or, while update="auto" measures,
+        of the candidate being timed (an injected clock reads it)."""
+        return self.update_choice.concept
+
+    def _prepare_concept(self, model, arguments: dict, batch: int | None):
+        choice = self.update_choice
+        if choice.decided or model.optimizer is None:
+            return None
+        update_choice.decide(self, model, arguments, batch)
+        return update_choice.AnnounceChoice(choice) if arguments.get("verbose", "auto") != 0 else None
+
+    def explain(self) -> str:
+        """Strategy.explain(), with the update choice and its times."""
+        lines = super().explain().split("\n")
+        return "\n".join([lines[0], f"  {self.update_choice.line()}", *lines[1:]])

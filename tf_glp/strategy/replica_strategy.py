@@ -1,0 +1,22 @@
+"""tf_glp.Strategy with update="replicas" on one machine: the host sums the
+replicas' gradients chunk by chunk (HostCrossDeviceOps) and every replica
+applies the sums with its own optimizer state. Otherwise a MirroredStrategy
+as TensorFlow builds it, with tf_glp's reductions."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tf_glp.strategy import concepts
+from tf_glp.strategy.strategy import ONE_MACHINE, Strategy
+
+_MirroredStrategy = tf.distribute.MirroredStrategy  # as imported (a test replaces the public name)
+
+
+class ReplicaStrategy(Strategy, tf.distribute.MirroredStrategy, placement=ONE_MACHINE,
+                      serves=(concepts.REPLICAS.name,)):
+    """tf_glp.Strategy with update="replicas" (see Strategy)."""
+
+    def _init_distribution(self) -> None:
+        devices = self._set_up()
+        _MirroredStrategy.__init__(self, devices=devices, cross_device_ops=self._host_ops)
