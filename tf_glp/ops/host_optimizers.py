@@ -275,7 +275,7 @@ def host_apply_adam(
     weight_decay=None,
     decay_learning_rate=None,
 ) -> None:
-    """keras.optimizers.Adam (and AdamW) on sum(grads).
+    """keras.optimizers.Adam / AdamW on sum(grads).
 
     `m += (g - m) * (1 - beta_1)`, `v += (g * g - v) * (1 - beta_2)`,
     `var -= m * alpha / (sqrt(v) + epsilon)`, where

@@ -1,7 +1,8 @@
-// Glp>HostApplySgd / HostApplyMomentum / HostApplyAdam: lock the variables,
-// check shapes and dtypes, make the buffers safe to write (a shared
-// parameter is written to a fresh buffer, Note [Writing a shared
-// parameter]), then core::HostApplyUpdate.
+// Glp>HostApplySgd / HostApplyMomentum / HostApplyAdam, one kernel shaped by
+// each update kind's traits (Note [Update kinds] in core/host_optimizers.h):
+// lock the variables, check shapes and dtypes, make the buffers safe to
+// write (a shared parameter is written to a fresh buffer, Note [Writing a
+// shared parameter]), then core::HostApplyUpdate.
 #include <algorithm>
 #include <string>
 #include <utility>
