@@ -34,6 +34,8 @@ struct ReduceArgs {
   bool streaming_stores;  // write the output around the caches
 };
 
+// The fused optimizer updates; each has a row of traits, see Note [Update
+// kinds] in host_optimizers.h.
 enum class UpdateKind : int { kSgd = 0, kMomentum = 1, kNesterov = 2, kAdam = 3 };
 
 struct UpdateArgs {

@@ -91,8 +91,8 @@ UpdateArgs MakeArgs(UpdateKind kind, DType grad_dtype, int n, bool decay) {
 TEST(MatchesKerasFormulasBitwiseOverSteps) {
   SerialRunner serial;
   ThreadPool pool(3);
-  for (UpdateKind kind : {UpdateKind::kSgd, UpdateKind::kMomentum,
-                          UpdateKind::kNesterov, UpdateKind::kAdam}) {
+  for (int kind_index = 0; kind_index < kNumUpdateKinds; ++kind_index) {
+    const UpdateKind kind = static_cast<UpdateKind>(kind_index);
     for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
       for (int n : {1, 2, 4}) {
         for (int64_t size : {1, 7, 1023, (1 << 16) + 3}) {
@@ -195,6 +195,46 @@ TEST(BadHyperParametersAndBuffersAreReported) {
   bad.args.kind = UpdateKind::kSgd;
   bad.args.slot0 = bad.args.slot1 = nullptr;
   EXPECT_EQ(HostApplyUpdate(bad, serial), std::string());
+}
+
+// Note [Update kinds]: each kind's row is what the checks and the bytes
+// moved use (the numbers below are those of before the table).
+TEST(UpdateTraitsDriveTheChecks) {
+  EXPECT_EQ(kNumUpdateKinds, 4);
+  EXPECT_EQ(std::string(UpdateKindName(UpdateKind::kSgd)), std::string("sgd"));
+  EXPECT_EQ(std::string(UpdateKindName(UpdateKind::kAdam)), std::string("adam"));
+  EXPECT_EQ(std::string(UpdateKindName(static_cast<UpdateKind>(kNumUpdateKinds))),
+            std::string("unknown"));
+  EXPECT_TRUE(FindUpdateTraits(static_cast<UpdateKind>(-1)) == nullptr);
+  const int64_t expected_bytes[] = {12, 20, 20, 28};  // one float32 gradient
+  SerialRunner serial;
+  for (int k = 0; k < kNumUpdateKinds; ++k) {
+    const UpdateTraits& traits = kUpdateTraits[k];
+    EXPECT_EQ(UpdateBytesPerElement(traits, 1, DType::kFloat32), expected_bytes[k]);
+    EXPECT_EQ(UpdateBytesPerElement(traits, 3, DType::kBFloat16),
+              expected_bytes[k] - 4 + 3 * 2);
+    for (int j = 0; j < k; ++j) {
+      EXPECT_TRUE(std::string(traits.name) != kUpdateTraits[j].name);
+    }
+    // Exactly the slots in the row are needed.
+    float param = 1.0f, slot0 = 0.0f, slot1 = 0.0f, grad = 1.0f;
+    const void* grads[] = {&grad};
+    HostUpdateSpec spec;
+    spec.args = MakeArgs(traits.kind, DType::kFloat32, 1, false);
+    spec.args.grads = grads;
+    spec.args.param = &param;
+    spec.num_elements = 1;
+    for (int given = 0; given <= kMaxSlots; ++given) {
+      spec.args.slot0 = given >= 1 ? &slot0 : nullptr;
+      spec.args.slot1 = given >= 2 ? &slot1 : nullptr;
+      const std::string error = HostApplyUpdate(spec, serial);
+      if (given >= traits.slots) {
+        EXPECT_EQ(error, std::string());
+      } else {
+        EXPECT_EQ(error, std::string("host optimizer (") + traits.name + ") got a null buffer");
+      }
+    }
+  }
 }
 
 }  // namespace

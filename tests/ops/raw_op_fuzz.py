@@ -36,6 +36,7 @@ import tensorflow as tf  # noqa: E402
 
 import tf_glp  # noqa: E402
 from tf_glp import _native  # noqa: E402
+from tf_glp.ops.host_optimizers import HOST_UPDATES, apply_host_update  # noqa: E402
 
 host_reduce_module = importlib.import_module("tf_glp.ops.host_reduce")  # the module, not the op of that name
 
@@ -63,11 +64,10 @@ NATIVE_FUNCTIONS = {
     "matmul": "glp_concurrent_mat_mul",
     "matmul_grad_weights": "glp_concurrent_mat_mul_grad_weights",
     "host_reduce": "glp_host_reduce",
-    "host_apply_sgd": "glp_host_apply_sgd",
-    "host_apply_momentum": "glp_host_apply_momentum",
-    "host_apply_adam": "glp_host_apply_adam",
+    **{update.op_name: update.native_function for update in HOST_UPDATES},
 }
-SLOT_NAMES = {"host_apply_sgd": [], "host_apply_momentum": ["momentum_slot"], "host_apply_adam": ["m", "v"]}
+HOST_UPDATES_BY_OP = {update.op_name: update for update in HOST_UPDATES}
+SLOT_NAMES = {update.op_name: list(update.slot_names) for update in HOST_UPDATES}
 
 
 class CaseFailed(Exception):
@@ -347,14 +347,10 @@ def host_apply_reference(case: dict, variables: Variables, arguments: list) -> l
     grads = arguments[1 + slots]
     scalars = [float(s.numpy()) for s in arguments[2 + slots:]]
     decay = dict(weight_decay=scalars[-2], decay_learning_rate=scalars[-1]) if attrs["use_weight_decay"] else {}
+    update = HOST_UPDATES_BY_OP[op]
     with _without_native():
-        if op == "host_apply_sgd":
-            tf_glp.ops.host_apply_sgd(copies[0], grads, scalars[0], **decay)
-        elif op == "host_apply_momentum":
-            tf_glp.ops.host_apply_momentum(copies[0], copies[1], grads, scalars[0], scalars[1],
-                                           nesterov=attrs["nesterov"], **decay)
-        else:
-            tf_glp.ops.host_apply_adam(copies[0], copies[1], copies[2], grads, *scalars[:4], **decay)
+        apply_host_update(update, copies[0], copies[1:], grads, scalars[:len(update.scalar_names)],
+                          {name: attrs[name] for name in update.attr_names}, **decay)
     return [c.numpy() for c in copies]
 
 

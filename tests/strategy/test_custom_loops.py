@@ -22,7 +22,7 @@ import pytest
 import tensorflow as tf
 
 import tf_glp
-from tf_glp.ops.keras_fused import _FUSED_TYPES
+from tf_glp.ops.keras_fused import FUSED_OPTIMIZER_TABLE
 
 DEVICES = ["/cpu:0", "/cpu:1"]
 MODES = ["host", "replicas"]
@@ -194,7 +194,7 @@ def test_loss_scaled_custom_loop(name, update):
 # the host: RMSprop; a build that writes: ScheduleFreeAdamW). Every
 # optimizer goes through fit in test_drop_in.py and through the loss-scaled
 # step in the custom loop above.
-LOSS_SCALED_FIT = sorted({cls.__name__ for cls in _FUSED_TYPES} | {"RMSprop", "ScheduleFreeAdamW"})
+LOSS_SCALED_FIT = sorted({row.name for row in FUSED_OPTIMIZER_TABLE} | {"RMSprop", "ScheduleFreeAdamW"})
 
 
 @pytest.mark.parametrize("update", MODES)

@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 import tf_glp
+from tf_glp.ops.keras_fused import FUSED_OPTIMIZER_TABLE
 
 DEVICES = ["/cpu:0", "/cpu:1"]
 MODES = ["host", "replicas"]
@@ -132,7 +133,8 @@ def test_every_keras_optimizer(name, update, fused_calls):
     reference = _reference(("optimizer", name), lambda: _train(mirrored(), layers, lambda: _make_optimizer(name)))
     ours = _train(glp(update), layers, lambda: _make_optimizer(name))
     _assert_same(ours, reference, name)
-    fusable = name in ("SGD", "Adam", "AdamW", "LossScaleOptimizer", "MultiOptimizer")  # these wrap Adam / SGD
+    # The table's classes, and the two wrappers here (around Adam / SGD).
+    fusable = name in {row.name for row in FUSED_OPTIMIZER_TABLE} | {"LossScaleOptimizer", "MultiOptimizer"}
     assert bool(fused_calls) == (update == "host" and fusable), name
 
 

@@ -17,11 +17,12 @@ from tf_glp.ops.host_optimizers import (
     host_apply_sgd,
 )
 from tf_glp.ops.host_reduce import host_reduce
-from tf_glp.ops.keras_fused import FusedKerasUpdate, supports_fused_update
+from tf_glp.ops.keras_fused import FUSED_OPTIMIZERS, FusedKerasUpdate, supports_fused_update
 
 __all__ = [
     "concurrent_conv2d",
     "concurrent_matmul",
+    "FUSED_OPTIMIZERS",
     "FusedKerasUpdate",
     "host_apply_adam",
     "host_apply_momentum",

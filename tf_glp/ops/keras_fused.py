@@ -2,24 +2,143 @@
 
 `FusedKerasUpdate(optimizer).apply(grads_per_variable, variables)` has the
 same effect as `optimizer.apply([sum(g) for g in grads_per_variable],
-variables)` for keras.optimizers.SGD (with or without momentum / Nesterov),
-Adam and AdamW, but reads each replica's gradient directly and makes one pass
+variables)` for the optimizers of FUSED_OPTIMIZER_TABLE (named, for
+messages and docs, by FUSED_OPTIMIZERS; SGD with or without momentum /
+Nesterov), but reads each replica's gradient directly and makes one pass
 over memory per variable. Hyper-parameters (learning-rate schedule, Adam's
 bias correction, weight decay) are computed with the same float32 operations
 Keras uses, so the results match Keras to float32 rounding.
+
+Note [Fusing a Keras optimizer]
+Each fused Keras optimizer class is one FusedOptimizer row: which HostUpdate
+(tf_glp/ops/host_optimizers.py) its settings use, its slot variables in the
+op's order, and its scalars computed the way Keras computes them. Classes
+match exactly: a subclass may change the update (AdamW, a subclass of Adam,
+has its own row). Fusing another Keras optimizer adds a row here and, for a
+new formula, a HostUpdate row and its native kind (Note [Update kinds] in
+cc/core/host_optimizers.h).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 
 import keras
 import tensorflow as tf
 
 from tf_glp._keras import compat
-from tf_glp.ops.host_optimizers import host_apply_adam, host_apply_momentum, host_apply_sgd
+from tf_glp.ops.host_optimizers import (
+    ADAM_UPDATE,
+    MOMENTUM_UPDATE,
+    SGD_UPDATE,
+    HostUpdate,
+    apply_host_update,
+)
 
-_FUSED_TYPES = (keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.AdamW)
+
+@dataclasses.dataclass(frozen=True)
+class FusedOptimizer:
+    """How one Keras optimizer class runs through a fused host update.
+
+    See Note [Fusing a Keras optimizer].
+
+    Attributes:
+        optimizer_class: The Keras class, matched exactly.
+        host_updates: Every HostUpdate the class may use.
+        host_update: optimizer -> the HostUpdate its settings use.
+        slots: (optimizer, variable index) -> that variable's slot
+            variables (tf.Variables), in the update's `slot_names` order.
+        step_scalars: (optimizer, float32 learning rate) -> the update's
+            scalars for this step, computed as Keras computes them (once per
+            step, before `iterations` is incremented).
+        attrs: optimizer -> the update's attributes (`attr_names`).
+
+    Example:
+        >>> row = fused_optimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+        >>> row.host_update(keras.optimizers.SGD(0.1, momentum=0.9)).op_name
+        'host_apply_momentum'
+    """
+
+    optimizer_class: type
+    host_updates: tuple[HostUpdate, ...]
+    host_update: Callable[[keras.optimizers.Optimizer], HostUpdate]
+    slots: Callable[[keras.optimizers.Optimizer, int], tuple]
+    step_scalars: Callable[[keras.optimizers.Optimizer, tf.Tensor], tuple]
+    attrs: Callable[[keras.optimizers.Optimizer], dict] = lambda optimizer: {}
+
+    @property
+    def name(self) -> str:
+        return self.optimizer_class.__name__
+
+
+def _sgd_update(opt) -> HostUpdate:
+    return MOMENTUM_UPDATE if opt.momentum != 0 else SGD_UPDATE
+
+
+_SGD = FusedOptimizer(
+    keras.optimizers.SGD,
+    host_updates=(SGD_UPDATE, MOMENTUM_UPDATE),
+    host_update=_sgd_update,
+    slots=lambda opt, index: (opt.momentums[index].value,) if opt.momentum != 0 else (),
+    step_scalars=lambda opt, lr: (lr, opt.momentum) if opt.momentum != 0 else (lr,),
+    attrs=lambda opt: {"nesterov": opt.nesterov} if opt.momentum != 0 else {},
+)
+
+
+def _adam_slots(opt, index: int) -> tuple:
+    first_moment, second_moment = compat.adam_slots(opt, index)
+    return first_moment.value, second_moment.value
+
+
+def _adam_scalars(opt, lr: tf.Tensor) -> tuple:
+    # Keras' bias correction folded into the learning rate (alpha).
+    local_step = tf.cast(opt.iterations + 1, tf.float32)
+    beta_1_power = tf.pow(tf.cast(opt.beta_1, tf.float32), local_step)
+    beta_2_power = tf.pow(tf.cast(opt.beta_2, tf.float32), local_step)
+    alpha = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+    return alpha, 1 - opt.beta_1, 1 - opt.beta_2, opt.epsilon
+
+
+def _adam_like(optimizer_class: type) -> FusedOptimizer:
+    return FusedOptimizer(optimizer_class, host_updates=(ADAM_UPDATE,), host_update=lambda opt: ADAM_UPDATE,
+                          slots=_adam_slots, step_scalars=_adam_scalars)
+
+
+# The Keras optimizers with a fused host update, in the order messages name
+# them.
+FUSED_OPTIMIZER_TABLE: tuple[FusedOptimizer, ...] = (
+    _SGD,
+    _adam_like(keras.optimizers.Adam),
+    _adam_like(keras.optimizers.AdamW),  # its weight decay: Keras' own, as for every optimizer
+)
+
+
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+# The fused optimizers' names for messages and docs, e.g. "SGD, Adam and AdamW".
+FUSED_OPTIMIZERS: str = _names([row.name for row in FUSED_OPTIMIZER_TABLE])
+
+
+def fused_optimizer(optimizer) -> FusedOptimizer | None:
+    """The FUSED_OPTIMIZER_TABLE row of `optimizer`'s exact class, or None."""
+    return next((row for row in FUSED_OPTIMIZER_TABLE if type(optimizer) is row.optimizer_class), None)
+
+
+def update_bytes_per_parameter(optimizer=None) -> int:
+    """Bytes per parameter the fused update of `optimizer` moves (with one
+    float32 gradient; tf_glp.strategy.cost_model's update rate). Without an
+    optimizer, or for one without a fused update, Adam's: 28.
+
+    Example:
+        >>> update_bytes_per_parameter(keras.optimizers.SGD())
+        12
+    """
+    row = fused_optimizer(optimizer) if optimizer is not None else None
+    return (row.host_update(optimizer) if row is not None else ADAM_UPDATE).bytes_per_parameter
+
 # The optimizer options with which Keras changes the gradients before its
 # update step (clipping, accumulation, scaling).
 GRADIENT_OPTIONS = ("clipnorm", "clipvalue", "global_clipnorm", "gradient_accumulation_steps", "loss_scale_factor")
@@ -52,9 +171,8 @@ def supports_fused_update(optimizer: keras.optimizers.Optimizer, variables=None,
         >>> ok
         True
     """
-    kind = type(optimizer)
-    if kind not in _FUSED_TYPES:
-        return False, f"{kind.__name__} has no fused host update (SGD, Adam and AdamW do)"
+    if fused_optimizer(optimizer) is None:
+        return False, f"{type(optimizer).__name__} has no fused host update ({FUSED_OPTIMIZERS} do)"
     if getattr(optimizer, "amsgrad", False):
         return False, "amsgrad=True has no fused host update"
     if variables is not None and any(v.dtype != "float32" for v in variables):
@@ -73,8 +191,8 @@ class FusedKerasUpdate:
     """One optimizer step over summed replica gradients, through fused host ops.
 
     Args:
-        optimizer: A keras.optimizers.SGD, Adam or AdamW for which
-            `supports_fused_update` is true.
+        optimizer: One of FUSED_OPTIMIZERS (a FUSED_OPTIMIZER_TABLE class)
+            for which `supports_fused_update` is true.
         update_step_only: See `supports_fused_update`. Default False.
 
     Example:
@@ -90,6 +208,7 @@ class FusedKerasUpdate:
             raise ValueError(f"FusedKerasUpdate: {reason}")
         self.optimizer = optimizer
         self.update_step_only = update_step_only
+        self._row = fused_optimizer(optimizer)
 
     @tf.autograph.experimental.do_not_convert  # Note [No AutoGraph in tf_glp]
     def apply(self, grads_per_variable: Sequence[Sequence[tf.Tensor]], variables: Sequence,
@@ -116,11 +235,8 @@ class FusedKerasUpdate:
         # Keras reads the (scheduled) learning rate once per step, before
         # iterations is incremented; weight decay uses the same value.
         lr = tf.cast(opt.learning_rate, tf.float32)
-        if isinstance(opt, keras.optimizers.Adam):
-            local_step = tf.cast(opt.iterations + 1, tf.float32)
-            beta_1_power = tf.pow(tf.cast(opt.beta_1, tf.float32), local_step)
-            beta_2_power = tf.pow(tf.cast(opt.beta_2, tf.float32), local_step)
-            alpha = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        row = self._row
+        update, scalars, attrs = row.host_update(opt), row.step_scalars(opt, lr), row.attrs(opt)
         for grads, variable in zip(grads_per_variable, variables):
             grads = [g for g in grads if g is not None]
             if not grads:
@@ -133,18 +249,8 @@ class FusedKerasUpdate:
             # A Keras variable's tf.Variable; a plain tf.Variable as it is
             # (its `.value` is a method).
             target = variable.value if isinstance(variable, keras.Variable) else variable
-            if isinstance(opt, keras.optimizers.Adam):  # AdamW too
-                first_moment, second_moment = compat.adam_slots(opt, index)
-                host_apply_adam(
-                    target, first_moment.value, second_moment.value, grads,
-                    alpha, 1 - opt.beta_1, 1 - opt.beta_2, opt.epsilon,
-                    weight_decay=decay, decay_learning_rate=lr)
-            elif opt.momentum != 0:
-                host_apply_momentum(
-                    target, opt.momentums[index].value, grads, lr, opt.momentum,
-                    nesterov=opt.nesterov, weight_decay=decay, decay_learning_rate=lr)
-            else:
-                host_apply_sgd(target, grads, lr, weight_decay=decay, decay_learning_rate=lr)
+            apply_host_update(update, target, row.slots(opt, index), grads, scalars, attrs,
+                              weight_decay=decay, decay_learning_rate=lr)
         if increment_iterations:
             opt.iterations.assign_add(1)
 

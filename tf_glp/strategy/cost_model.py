@@ -118,11 +118,20 @@ def gradient_workload(sizes: list[int], replicas: int, bytes_per_element: int = 
     return Workload(gradient_bytes=bytes_per_element * total, parameters=total, replicas=replicas)
 
 
-def measure_host_rates(host_device: str, uses_gpus: bool) -> HostRates:
-    """Times the host engine on this machine (about 0.2 s)."""
+def measure_host_rates(host_device: str, uses_gpus: bool, optimizer=None) -> HostRates:
+    """Times the host engine on this machine (about 0.2 s).
+
+    Args:
+        host_device: The device the host engine runs on.
+        uses_gpus: Whether the replicas are GPUs (gradients cross PCIe).
+        optimizer: The Keras optimizer whose fused update the update rate is
+            for (its bytes per parameter, tf_glp.ops.keras_fused's table).
+            Default None: Adam's, as for an optimizer without a fused update.
+    """
     import tensorflow as tf  # noqa: PLC0415 (the model itself stays pure Python)
 
     from tf_glp.ops import host_reduce  # noqa: PLC0415
+    from tf_glp.ops.keras_fused import update_bytes_per_parameter  # noqa: PLC0415
 
     elements = 4 << 20
     with tf.device(host_device):
@@ -141,8 +150,9 @@ def measure_host_rates(host_device: str, uses_gpus: bool) -> HostRates:
         reduce_s = best(lambda: host_reduce(inputs).numpy())
         overhead_s = best(lambda: host_reduce(small).numpy(), repeats=20)
     reduce_bw = 3 * elements * 4 / reduce_s
-    # A fused Adam update moves 28 bytes per parameter, a 2-way reduce 12 per
-    # element: scale the measured reduce rate accordingly.
-    update_rate = reduce_bw / 28
+    # The fused update moves update_bytes_per_parameter bytes per parameter
+    # (Adam: 28), a 2-way reduce 12 per element: scale the measured reduce
+    # rate accordingly.
+    update_rate = reduce_bw / update_bytes_per_parameter(optimizer)
     transfer = 12e9 if uses_gpus else math.inf  # PCIe 3 x16 effective; shared memory on CPUs
     return HostRates(transfer, reduce_bw, update_rate, overhead_s)

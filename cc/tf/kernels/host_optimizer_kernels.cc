@@ -1,7 +1,8 @@
-// Glp>HostApplySgd / HostApplyMomentum / HostApplyAdam: lock the variables,
-// check shapes and dtypes, make the buffers safe to write (a shared
-// parameter is written to a fresh buffer, Note [Writing a shared
-// parameter]), then core::HostApplyUpdate.
+// Glp>HostApplySgd / HostApplyMomentum / HostApplyAdam, one kernel shaped by
+// each update kind's traits (Note [Update kinds] in core/host_optimizers.h):
+// lock the variables, check shapes and dtypes, make the buffers safe to
+// write (a shared parameter is written to a fresh buffer, Note [Writing a
+// shared parameter]), then core::HostApplyUpdate.
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -100,63 +101,107 @@ float ScalarInput(OpKernelContext* ctx, int index) {
   return ctx->input(index).scalar<float>()();
 }
 
-template <core::UpdateKind kKind>
+// The inputs' names in errors: the parameter, then the slots.
+constexpr const char* kVariableNames[1 + core::kMaxSlots] = {"var", "slot 1",
+                                                             "slot 2"};
+
+// Every input from `first_scalar` on is a scalar (float32: the op's type).
+absl::Status CheckScalarInputs(OpKernelContext* ctx, int first_scalar) {
+  for (int i = first_scalar; i < ctx->num_inputs(); ++i) {
+    if (!tensorflow::TensorShapeUtils::IsScalar(ctx->input(i).shape())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          ctx->op_kernel().name(), ": hyper-parameter input ", i,
+          " must be a scalar, got shape ", ctx->input(i).shape().DebugString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The parameter and slots are initialized float32 variables of one shape,
+// and every gradient has that shape.
+absl::Status CheckVariablesAndGradients(OpKernelContext* ctx,
+                                        const LockedVariables& locked,
+                                        int num_variables,
+                                        const OpInputList& grads) {
+  const std::string& name = ctx->op_kernel().name();
+  const Tensor& param = *locked.var(0)->tensor();
+  for (int i = 0; i < num_variables; ++i) {
+    const Tensor& t = *locked.var(i)->tensor();
+    if (!t.IsInitialized()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(name, ": ", kVariableNames[i], " is not initialized"));
+    }
+    if (t.dtype() != tensorflow::DT_FLOAT) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": ", kVariableNames[i], " must be float32, got ",
+          tensorflow::DataTypeString(t.dtype())));
+    }
+    if (t.shape() != param.shape()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": ", kVariableNames[i], " has shape ", t.shape().DebugString(),
+          " but var has shape ", param.shape().DebugString()));
+    }
+  }
+  for (int i = 0; i < grads.size(); ++i) {
+    if (grads[i].shape() != param.shape()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": gradient ", i, " has shape ", grads[i].shape().DebugString(),
+          " but var has shape ", param.shape().DebugString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+float* Data(const Tensor& tensor) {
+  return reinterpret_cast<float*>(const_cast<char*>(tensor.tensor_data().data()));
+}
+
+// One kernel for every Glp>HostApply* op, shaped by the update kind's traits
+// (Note [Update kinds] in cc/core/host_optimizers.h). Its inputs: the
+// parameter's and the slots' resource handles, the N gradients, the kind's
+// scalars, then weight_decay and decay_learning_rate. kNesterovKind: the kind
+// an op with a `nesterov` attribute runs when it is set (the same traits).
+template <core::UpdateKind kKind, core::UpdateKind kNesterovKind = kKind>
 class HostApplyOp : public OpKernel {
  public:
-  static constexpr int kNumVariables = kKind == core::UpdateKind::kSgd    ? 1
-                                       : kKind == core::UpdateKind::kAdam ? 3
-                                                                          : 2;
+  static constexpr const core::UpdateTraits& kTraits =
+      core::kUpdateTraits[static_cast<int>(kKind)];
+  static constexpr int kNumVariables = 1 + kTraits.slots;
+  static_assert(kTraits.slots == core::kUpdateTraits[static_cast<int>(kNesterovKind)].slots &&
+                    kTraits.scalars == core::kUpdateTraits[static_cast<int>(kNesterovKind)].scalars,
+                "an op's kinds take the same inputs");
 
-  explicit HostApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit HostApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx), kind_(kKind) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("use_weight_decay", &use_weight_decay_));
     tensorflow::DataType grad_type;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &grad_type));
     grad_dtype_ = *ToCoreDType(grad_type);
-    kind_ = kKind;
-    if (kKind == core::UpdateKind::kMomentum) {
+    if (kNesterovKind != kKind) {
       bool nesterov;
       OP_REQUIRES_OK(ctx, ctx->GetAttr("nesterov", &nesterov));
-      if (nesterov) kind_ = core::UpdateKind::kNesterov;
+      if (nesterov) kind_ = kNesterovKind;
     }
+    // The op's registration (cc/tf/ops/host_ops.cc) and the traits must
+    // agree on the inputs, or Compute would read the wrong ones.
+    int num_grads;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &num_grads));
+    OP_REQUIRES(ctx, ctx->num_inputs() == kNumVariables + num_grads + kTraits.scalars + 2,
+                absl::InternalError(absl::StrCat(
+                    name(), ": the op has ", ctx->num_inputs(), " inputs but update kind ",
+                    kTraits.name, " expects ", kNumVariables + num_grads + kTraits.scalars + 2)));
   }
 
   void Compute(OpKernelContext* ctx) override {
     OpInputList grads;
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
     const int first_scalar = kNumVariables + grads.size();
-    for (int i = first_scalar; i < ctx->num_inputs(); ++i) {
-      OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(ctx->input(i).shape()),
-                  absl::InvalidArgumentError(absl::StrCat(
-                      name(), ": hyper-parameter input ", i,
-                      " must be a scalar, got shape ",
-                      ctx->input(i).shape().DebugString())));
-    }
-    static const char* const kVariableNames[] = {"var", "slot 1", "slot 2"};
+    absl::Status status = CheckScalarInputs(ctx, first_scalar);
+    OP_REQUIRES(ctx, status.ok(), status);
     LockedVariables locked;
     OP_REQUIRES_OK(ctx, locked.Lock(ctx, kNumVariables, kVariableNames));
+    status = CheckVariablesAndGradients(ctx, locked, kNumVariables, grads);
+    OP_REQUIRES(ctx, status.ok(), status);
     const Tensor& param = *locked.var(0)->tensor();
-    for (int i = 0; i < kNumVariables; ++i) {
-      const Tensor& t = *locked.var(i)->tensor();
-      OP_REQUIRES(ctx, t.IsInitialized(),
-                  absl::FailedPreconditionError(absl::StrCat(
-                      name(), ": ", kVariableNames[i], " is not initialized")));
-      OP_REQUIRES(ctx, t.dtype() == tensorflow::DT_FLOAT,
-                  absl::InvalidArgumentError(absl::StrCat(
-                      name(), ": ", kVariableNames[i], " must be float32, got ",
-                      tensorflow::DataTypeString(t.dtype()))));
-      OP_REQUIRES(ctx, t.shape() == param.shape(),
-                  absl::InvalidArgumentError(absl::StrCat(
-                      name(), ": ", kVariableNames[i], " has shape ",
-                      t.shape().DebugString(), " but var has shape ",
-                      param.shape().DebugString())));
-    }
-    for (int i = 0; i < grads.size(); ++i) {
-      OP_REQUIRES(ctx, grads[i].shape() == param.shape(),
-                  absl::InvalidArgumentError(absl::StrCat(
-                      name(), ": gradient ", i, " has shape ",
-                      grads[i].shape().DebugString(), " but var has shape ",
-                      param.shape().DebugString())));
-    }
     // The parameter: see Note [Writing a shared parameter]. The slots are
     // the optimizer's own, normally not shared.
     // The fresh buffer replaces the variable's only once the update has
@@ -180,28 +225,14 @@ class HostApplyOp : public OpKernel {
     a.grads = grad_pointers.data();
     a.num_grads = grads.size();
     a.grad_dtype = grad_dtype_;
-    auto data = [&](int i) {
-      return reinterpret_cast<float*>(
-          const_cast<char*>(locked.var(i)->tensor()->tensor_data().data()));
-    };
-    a.param = data(0);
+    a.param = Data(param);
     if (param_shared) {
       a.param_source = a.param;
-      a.param = reinterpret_cast<float*>(const_cast<char*>(fresh_param.tensor_data().data()));
+      a.param = Data(fresh_param);
     }
-    if (kNumVariables > 1) a.slot0 = data(1);
-    if (kNumVariables > 2) a.slot1 = data(2);
-    int s = first_scalar;
-    a.learning_rate = ScalarInput(ctx, s++);
-    if (kKind == core::UpdateKind::kMomentum) a.momentum = ScalarInput(ctx, s++);
-    if (kKind == core::UpdateKind::kAdam) {
-      a.one_minus_beta_1 = ScalarInput(ctx, s++);
-      a.one_minus_beta_2 = ScalarInput(ctx, s++);
-      a.epsilon = ScalarInput(ctx, s++);
-    }
-    a.weight_decay = use_weight_decay_;
-    a.decay_rate = ScalarInput(ctx, s++);
-    a.decay_learning_rate = ScalarInput(ctx, s++);
+    float** const slots[core::kMaxSlots] = {&a.slot0, &a.slot1};
+    for (int i = 0; i < kTraits.slots; ++i) *slots[i] = Data(*locked.var(1 + i)->tensor());
+    ReadScalars(ctx, first_scalar, a);
     spec.num_elements = param.NumElements();
     const std::string error = core::HostApplyUpdate(spec, IntraOpRunner(ctx));
     OP_REQUIRES(ctx, error.empty(),
@@ -210,20 +241,33 @@ class HostApplyOp : public OpKernel {
   }
 
  private:
+  // The kind's scalars into their UpdateArgs fields, then weight decay's.
+  void ReadScalars(OpKernelContext* ctx, int first_scalar, core::UpdateArgs& a) const {
+    int s = first_scalar;
+    for (int k = 0; k < kTraits.scalars; ++k) {
+      a.*kTraits.scalar_fields[k] = ScalarInput(ctx, s++);
+    }
+    a.weight_decay = use_weight_decay_;
+    a.decay_rate = ScalarInput(ctx, s++);
+    a.decay_learning_rate = ScalarInput(ctx, s++);
+  }
+
   bool use_weight_decay_;
   core::DType grad_dtype_;
   core::UpdateKind kind_;
 };
 
-REGISTER_KERNEL_BUILDER(
-    Name("Glp>HostApplySgd").Device(tensorflow::DEVICE_CPU),
-    HostApplyOp<core::UpdateKind::kSgd>);
-REGISTER_KERNEL_BUILDER(
-    Name("Glp>HostApplyMomentum").Device(tensorflow::DEVICE_CPU),
-    HostApplyOp<core::UpdateKind::kMomentum>);
-REGISTER_KERNEL_BUILDER(
-    Name("Glp>HostApplyAdam").Device(tensorflow::DEVICE_CPU),
-    HostApplyOp<core::UpdateKind::kAdam>);
+using HostApplySgdOp = HostApplyOp<core::UpdateKind::kSgd>;
+using HostApplyMomentumOp =
+    HostApplyOp<core::UpdateKind::kMomentum, core::UpdateKind::kNesterov>;
+using HostApplyAdamOp = HostApplyOp<core::UpdateKind::kAdam>;
+
+REGISTER_KERNEL_BUILDER(Name("Glp>HostApplySgd").Device(tensorflow::DEVICE_CPU),
+                        HostApplySgdOp);
+REGISTER_KERNEL_BUILDER(Name("Glp>HostApplyMomentum").Device(tensorflow::DEVICE_CPU),
+                        HostApplyMomentumOp);
+REGISTER_KERNEL_BUILDER(Name("Glp>HostApplyAdam").Device(tensorflow::DEVICE_CPU),
+                        HostApplyAdamOp);
 
 }  // namespace
 }  // namespace tf_glp::tf

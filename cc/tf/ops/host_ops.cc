@@ -1,5 +1,6 @@
 // Interfaces (REGISTER_OP and shape functions) of the host engine's ops.
 // Kernels are in cc/tf/kernels/.
+#include "cc/core/host_optimizers.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -35,10 +36,14 @@ absl::Status ScalarInputs(InferenceContext* c, int first, int count) {
   return absl::OkStatus();
 }
 
-// Gradients start after `num_resources` resource inputs; `num_scalars`
-// hyper-parameters follow them.
-std::function<absl::Status(InferenceContext*)> ApplyShapeFn(int num_resources,
-                                                            int num_scalars) {
+// A Glp>HostApply* op of update kind `kind` (Note [Update kinds] in
+// cc/core/host_optimizers.h): gradients start after the parameter's and the
+// slots' resource inputs; the kind's hyper-parameters and the two of weight
+// decay follow them.
+std::function<absl::Status(InferenceContext*)> ApplyShapeFn(core::UpdateKind kind) {
+  const core::UpdateTraits& traits = core::kUpdateTraits[static_cast<int>(kind)];
+  const int num_resources = 1 + traits.slots;
+  const int num_scalars = traits.scalars + 2;
   return [=](InferenceContext* c) {
     int n;
     TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
@@ -88,7 +93,7 @@ REGISTER_OP("Glp>HostApplySgd")
     .Attr("N: int >= 1")
     .Attr("T: {float, bfloat16, half}")
     .Attr("use_weight_decay: bool = false")
-    .SetShapeFn(ApplyShapeFn(1, 3))
+    .SetShapeFn(ApplyShapeFn(core::UpdateKind::kSgd))
     .Doc("var -= sum(grads) * learning_rate, as keras.optimizers.SGD.");
 
 REGISTER_OP("Glp>HostApplyMomentum")
@@ -103,7 +108,7 @@ REGISTER_OP("Glp>HostApplyMomentum")
     .Attr("T: {float, bfloat16, half}")
     .Attr("nesterov: bool = false")
     .Attr("use_weight_decay: bool = false")
-    .SetShapeFn(ApplyShapeFn(2, 4))
+    .SetShapeFn(ApplyShapeFn(core::UpdateKind::kMomentum))
     .Doc("keras.optimizers.SGD with momentum (and nesterov) on sum(grads).");
 
 REGISTER_OP("Glp>HostApplyAdam")
@@ -120,7 +125,7 @@ REGISTER_OP("Glp>HostApplyAdam")
     .Attr("N: int >= 1")
     .Attr("T: {float, bfloat16, half}")
     .Attr("use_weight_decay: bool = false")
-    .SetShapeFn(ApplyShapeFn(3, 6))
+    .SetShapeFn(ApplyShapeFn(core::UpdateKind::kAdam))
     .Doc("keras.optimizers.Adam / AdamW on sum(grads); alpha includes the bias correction.");
 
 }  // namespace tf_glp::tf
