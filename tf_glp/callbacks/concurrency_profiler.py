@@ -47,7 +47,7 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
             with plain Keras layers (tf_glp.layers.strip), for a machine
             without tf_glp. Default None.
         optimizer_step: Also choose the optimizer's step (without a
-            tf.distribute strategy, on the CPU, for SGD / Adam / AdamW):
+            tf.distribute strategy, on the CPU, for tf_glp.ops.FUSED_OPTIMIZERS):
             Keras' update or tf_glp's fused native one, whichever measures
             faster on the model's shapes; both compute the same numbers
             from the same gradients (tf_glp.profiling.optimizer_step).

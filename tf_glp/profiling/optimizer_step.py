@@ -1,5 +1,5 @@
 """The optimizer step chosen at start-up: Keras' own update or tf_glp's fused
-native one (SGD, momentum, Adam, AdamW), measured on the model's variable
+native one (for tf_glp.ops.FUSED_OPTIMIZERS), measured on the model's variable
 shapes before the first step, for a model trained without a tf.distribute
 strategy on the CPU.
 

@@ -83,7 +83,7 @@ class ChunkingDecision(keras.callbacks.Callback):
             return
         sizes = [int(v.shape.num_elements() or 0) for v in self.model.trainable_variables]
         workload = cost_model.gradient_workload(sizes, self.strategy.num_replicas_in_sync)
-        rates = self.strategy.host_rates()
+        rates = self.strategy.host_rates(getattr(self.model, "optimizer", None))
         self._chunking.start(workload, rates)
         self._chunking.use(1)
         self._chunking.record(Trial(1, cost_model.predict(workload, rates, 1)))

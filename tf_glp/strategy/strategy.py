@@ -171,7 +171,7 @@ class Strategy(tf.distribute.Strategy):
             devices = (list(settings.devices) if settings.devices is not None
                        else devices_lib.default_devices(settings.cpu_replicas))
         self.micro_batches = micro_batches_lib.check_replicas(settings.micro_batches, len(devices), workers)
-        self._rates: cost_model.HostRates | None = None
+        self._rates: dict[type, cost_model.HostRates] = {}
         patches.install_micro_batch_wrappers(
             micro_batches_lib.seed_next, micro_batches_lib.batch_norm_moments, micro_batches_lib.scale_for_distribution)
         return devices
@@ -215,11 +215,12 @@ class Strategy(tf.distribute.Strategy):
         return self._host_ops
 
     # -- cost model -------------------------------------------------------
-    def host_rates(self) -> cost_model.HostRates:
-        """Measures (once) the host speeds the cost model uses."""
-        if self._rates is None:
-            self._rates = cost_model.measure_host_rates(self.host_device, self.uses_gpus())
-        return self._rates
+    def host_rates(self, optimizer=None) -> cost_model.HostRates:
+        """Measures (once per optimizer class) the host speeds the cost model
+        uses; the update rate is for `optimizer`'s fused update."""
+        if type(optimizer) not in self._rates:
+            self._rates[type(optimizer)] = cost_model.measure_host_rates(self.host_device, self.uses_gpus(), optimizer)
+        return self._rates[type(optimizer)]
 
     def uses_gpus(self) -> bool:
         """Whether every replica is a GPU (only then can the host's work
@@ -228,8 +229,7 @@ class Strategy(tf.distribute.Strategy):
 
     @functools.cached_property
     def tf_all_reduce(self) -> tf.distribute.CrossDeviceOps:
-        """TensorFlow's own all-reduce, as MirroredStrategy picks it (the
-        "all-reduce" concept's)."""
+        """TensorFlow's own all-reduce, as MirroredStrategy picks it (concepts.ALL_REDUCE's)."""
         return tf.distribute.NcclAllReduce() if self.uses_gpus() else tf.distribute.ReductionToOneDevice()
 
     def explain(self) -> str:
