@@ -43,7 +43,7 @@ INTERNALS = {
     ("keras.src.backend.tensorflow.optimizer", "TFOptimizer", "_var_key"):
         "a host copy finds its slots through its container (host_copies.py)",
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "_apply_weight_decay"):
-        "weight decay on the host copy of a sparse-gradient variable (strategy.py)",
+        "weight decay on the host copy of a sparse-gradient variable (fused_host_step.py)",
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "_get_variable_index"): "a variable's slot index",
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "_use_weight_decay"): "which variables decay",
     ("keras.src.trainers.trainer", "Trainer", "compile"): "patched: jit_compile checks",
@@ -64,7 +64,8 @@ INTERNALS = {
     ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
      "_initialize_local_devices"): "overridden: tf_glp's replicas on each worker (multi_worker_strategy.py)",
     ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
-     "_get_variable_creator_initial_value"): "overridden: initial values checked, then the chief's (multi_worker_strategy.py)",
+     "_get_variable_creator_initial_value"):
+        "overridden: initial values checked, then the chief's (multi_worker_strategy.py)",
     ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
      "_gather_to_implementation"): "overridden: gathers stay TensorFlow's (multi_worker_strategy.py)",
     ("tensorflow.python.distribute", "distribute_lib", "_get_default_strategy"):
@@ -80,7 +81,7 @@ INTERNALS = {
         "measures (symbolic_build)",
     ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "_maybe_symbolic_build"):
         "patched: skipped once nothing is left to build (nothing_to_build); its multi-worker bug is worked "
-        "around in MultiWorker*Strategy.reduce (strategy.py)",
+        "around in MultiWorkerKerasFixes.reduce (multi_worker_strategy.py)",
     ("keras.src.callbacks.backup_and_restore", "BackupAndRestore", "_should_save_on_batch"):
         "subclassed: calls _save_model every save_freq batches (tf_glp.callbacks.BackupAndRestore)",
     ("keras.src.callbacks.backup_and_restore", "BackupAndRestore", "_save_model"):
@@ -102,16 +103,18 @@ INTERNALS = {
     ("keras.src.optimizers.loss_scale_optimizer", "LossScaleOptimizer", "apply"):
         "patched: an optimizer met unbuilt in the replicas' step is built outside the trace (patches.py)",
     ("tensorflow.python.distribute.one_device_strategy", "OneDeviceExtended", "_experimental_distribute_dataset"):
-        "overridden: a one-device tf_glp.Strategy leaves datasets as plain Keras iterates them (one_device_strategy.py)",
+        "overridden: a one-device tf_glp.Strategy leaves datasets as plain Keras iterates them "
+        "(one_device_strategy.py)",
     ("tensorflow.python.distribute.mirrored_strategy", "MirroredExtended", "_experimental_distribute_dataset"):
-        "overridden: one CPU replica's datasets left as plain Keras iterates them (host_copies.py)",
+        "overridden: one CPU replica's datasets left as plain Keras iterates them (host_strategy.py)",
     ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
      "_get_cross_device_ops"): "which collective reduces a value (reduces_on_host)",
     ("tensorflow.python.distribute", "distribute_utils", "is_sync_on_read"): "host homes skip sync-on-read variables",
     ("tensorflow.python.distribute", "distribute_utils", "select_replica"): "one replica's arguments (host_copies.py)",
     ("tensorflow.python.distribute", "values", "DistributedVariable"): "is_distributed_variable",
     ("tensorflow.python.distribute", "values", "PerReplica"): "micro-batch gradients handed over unsummed",
-    ("tensorflow.python.ops", "collective_ops", "all_reduce_v2"): "integers checked across workers (multi_worker_strategy.py)",
+    ("tensorflow.python.ops", "collective_ops", "all_reduce_v2"):
+        "integers checked across workers (multi_worker_strategy.py)",
     ("tensorflow.python.distribute", "multi_worker_util", "coordination_leader"):
         "the coordination service as MultiWorkerMirroredStrategy configures it (cluster.py)",
     ("tensorflow.python.eager", "context", "Context"): "configure_coordination_service",
@@ -361,11 +364,11 @@ def in_xla_context() -> bool:
 
 
 # -- tf.distribute's private classes and state ----------------------------------
-# tf_glp's strategies subclass TensorFlow's extended objects (host_copies.py,
+# tf_glp's strategies subclass TensorFlow's extended objects (host_strategy.py,
 # one_device_strategy.py, multi_worker_strategy.py): the classes, the state they read and the
 # helpers they call come from here.
 def mirrored_extended_class():
-    """MirroredStrategy's extended object (host_copies.HostMirroredExtended)."""
+    """MirroredStrategy's extended object (host_strategy.HostMirroredExtended)."""
     from tensorflow.python.distribute import mirrored_strategy  # noqa: PLC0415
 
     return mirrored_strategy.MirroredExtended

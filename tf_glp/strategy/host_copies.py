@@ -9,7 +9,7 @@ in cross-replica context, after the host sum.
 
 CPU-assisted data parallelism (ICPE 2018) needs only the *optimizer step* on
 the host. So HostUpdateExtended, the part of the extended objects of
-update="host" (host_strategy.py, multi_worker_strategy.py) that differs
+update="host" (host_strategy.py, auto_strategy.py, multi_worker_strategy.py) that differs
 from MirroredStrategy's, changes two things:
 
 - Creation: a variable the optimizer creates (slots, EMA averages, gradient

@@ -12,6 +12,7 @@ checked when the strategy sets up.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any
 
 from tf_glp.strategy import chunking, compression, concepts
@@ -44,14 +45,14 @@ class Settings:
             if not self.devices:
                 raise ValueError("devices must not be empty")
         if self.cpu_replicas is not None:
-            if isinstance(self.cpu_replicas, bool) or not isinstance(self.cpu_replicas, int):
+            if isinstance(self.cpu_replicas, bool) or not isinstance(self.cpu_replicas, numbers.Integral):
                 raise ValueError(f"cpu_replicas must be None or an int, got {self.cpu_replicas!r}")
             if self.cpu_replicas < 1:
                 raise ValueError(f"cpu_replicas must be at least 1, got {self.cpu_replicas}")
         chunking.validate_chunking(self.chunking)
         compression.get(self.compression)
         if self.micro_batches is not None:
-            if (isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int)
+            if (isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, numbers.Integral)
                     or self.micro_batches < 1):
                 raise ValueError(f"tf_glp.Strategy: micro_batches must be None or a positive int, "
                                  f"got {self.micro_batches!r}")

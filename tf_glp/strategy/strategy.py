@@ -116,8 +116,7 @@ class Strategy(tf.distribute.Strategy):
         >>> print(strategy.explain())
     """
 
-    # (placement, update setting) -> class, from the classes' declarations.
-    _classes: dict[tuple[str, str], type] = {}
+    _classes: dict[tuple[str, str], type] = {}  # (placement, update setting) -> class: their declarations
     # Mark tf_glp strategies, and the one-device one, for the patches
     # (tf_glp/_keras/patches.py, which must not import this module).
     _is_tf_glp_strategy = True
@@ -138,6 +137,7 @@ class Strategy(tf.distribute.Strategy):
                 compression=Settings.compression, cpu_replicas=Settings.cpu_replicas,
                 cluster_resolver=Settings.cluster_resolver, micro_batches=Settings.micro_batches,
                 plan_path: str | None = Settings.plan_path):
+        concepts.check_setting(update)  # (before the class' own: a bad name is named as such)
         if cls._implied_update is not None:
             if update not in (Settings.update, cls._implied_update):
                 raise ValueError(f"{cls.__name__} runs update={cls._implied_update!r}, got update={update!r}: "
