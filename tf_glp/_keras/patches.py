@@ -34,7 +34,8 @@ tf_glp.Strategy:
 - TFOptimizer._apply_weight_decay: skipped when the fused update applies it.
 - Trainer.compile: with replicas, jit_compile="auto" becomes False (the
   host ops run outside XLA) and jit_compile=True is refused with a clear
-  message; on one device compile is Keras' own. (Patched
+  message; on one device compile is Keras' own, the strategy noting which
+  of steps_per_execution and jit_compile the user set. (Patched
   on Keras' Trainer itself: Keras treats a Model whose compile differs from
   Trainer.compile as custom and then skips compile when loading it.)
 - TensorFlowTrainer.train_step, Keras' (un)scale_loss_for_distribution,
@@ -132,9 +133,14 @@ class StrategyHooks(Protocol):
         """Context around Keras' own update when it sums gradients from a
         replica: those reductions are gradient sums (compression applies)."""
 
-    def _prepare_compile(self, arguments: dict) -> None:
-        """Called by `Trainer.compile` with its bound arguments, before
-        Keras' compile (multi-replica strategies only); may change them."""
+    def _prepare_compile(self, model, arguments: dict) -> None:
+        """Called by `Trainer.compile` with its bound arguments (those the
+        user passed), before Keras' compile; may change them."""
+
+    def _prepare_execution(self, model, arguments: dict, batch: int | None, callbacks: list) -> list:
+        """Called by fit_setup with fit's bound arguments, global batch and
+        callbacks; may set how fit runs its steps (steps_per_execution,
+        jit_compile) for this fit; returns callbacks to add."""
 
     def _prepare_fit(self, model, arguments: dict) -> None:
         """Called by `fit` with its bound arguments, before Keras' fit; may
@@ -315,10 +321,12 @@ def _install_model_hooks() -> None:
         # differs from Trainer.compile as custom and skips compile on load.
         def compile(self, *args, **kwargs):  # noqa: A001 (Keras' name)
             strategy = _glp_strategy(self)
-            if strategy is None or _one_device(strategy):  # (one device: the fused update stays out of XLA)
+            if strategy is None:
                 return original(self, *args, **kwargs)
             bound = compile_signature.bind(self, *args, **kwargs)
-            strategy._prepare_compile(bound.arguments)  # jit_compile: no XLA around the host ops
+            # Replicas: no XLA around the host ops; one device: what the user
+            # set, kept by the steps-per-execution choice.
+            strategy._prepare_compile(self, bound.arguments)
             return original(*bound.args, **bound.kwargs)
         return compile
 

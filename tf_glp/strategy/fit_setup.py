@@ -9,7 +9,9 @@ fit patch in tf_glp/_keras/patches.py through Strategy._prepare_fit).
 - A plain keras.callbacks.BackupAndRestore becomes tf_glp's (chief-only
   writes across workers, batch-level resume;
   tf_glp/callbacks/backup_and_restore.py).
-- On one device, the optimizer step's decision (one_device_strategy.py).
+- On one device, the optimizer step's decision (one_device_strategy.py)
+  and the steps per execution (and, with allow_xla=True, XLA): measured
+  before fit builds its step (execution_choice.py).
 - update="auto" decides its concept, before fit builds anything
   (update_choice.py).
 """
@@ -43,6 +45,7 @@ def prepare(model, strategy, arguments: dict) -> None:
         callbacks.append(announce)
     if not isinstance(given, keras.callbacks.CallbackList):  # a CallbackList is the user's, whole
         callbacks = [_upgraded(c) for c in callbacks]
+    callbacks.extend(strategy._prepare_execution(model, arguments, batch, callbacks))
     if not chunking_decision.decide_without_measuring(strategy):
         if not any(isinstance(c, chunking_decision.ChunkingDecision) for c in callbacks):
             callbacks.append(chunking_decision.ChunkingDecision(strategy))

@@ -10,7 +10,9 @@ device through the path plain Keras takes, with one change where it pays:
 the optimizer step runs through tf_glp's fused native update
 (tf_glp.ops.FusedKerasUpdate, on float32 weights) where that measured faster on the model's own shapes at the start
 of the first fit (tf_glp.profiling.optimizer_step, as the start-up
-profiler measures it), Keras' own update otherwise.
+profiler measures it), Keras' own update otherwise; and fit's steps run
+several per call where that measured faster and no callback minds
+(execution_choice.py; XLA too, with allow_xla=True).
 
 The strategy is a OneDeviceStrategy whose datasets are not wrapped: Keras
 then iterates them as it does without a strategy (OneDeviceStrategy's
@@ -27,7 +29,7 @@ import tensorflow as tf
 
 from tf_glp._keras import compat
 from tf_glp.profiling import optimizer_step
-from tf_glp.strategy import concepts
+from tf_glp.strategy import concepts, execution_choice
 from tf_glp.strategy.strategy import HOST_DEVICE, ONE_DEVICE, Strategy
 
 
@@ -122,7 +124,14 @@ class SingleDeviceStrategy(Strategy, tf.distribute.OneDeviceStrategy, placement=
             warnings.warn(f"tf_glp.Strategy: compression={self.compression!r} has nothing to compress on one device "
                           f"(no gradient crosses to the host); pass cpu_replicas=N to train N replicas.", stacklevel=4)
         self._step_choice = OptimizerStepChoice(self)
+        self._execution = execution_choice.ExecutionChoice(self.settings.allow_xla, self.settings.plan_path)
         tf.distribute.Strategy.__init__(self, OneDeviceExtended(self, HOST_DEVICE))
+
+    def _prepare_compile(self, model, arguments: dict) -> None:
+        self._execution.compiled(model, arguments)  # (XLA: the user's jit_compile stands)
+
+    def _prepare_execution(self, model, arguments: dict, batch: int | None, callbacks: list) -> list:
+        return self._execution.prepare(model, arguments, batch, callbacks, self._step_choice.decide)
 
     def optimizer_step_decided(self, optimizer) -> bool:
         """Whether this optimizer's step (Keras' or the fused one) is chosen."""
@@ -138,9 +147,11 @@ class SingleDeviceStrategy(Strategy, tf.distribute.OneDeviceStrategy, placement=
         return False
 
     def explain(self) -> str:
-        """Why one device, and which optimizer step runs (with its timings)."""
+        """Why one device, which optimizer step runs and how many steps per
+        call (with their timings)."""
         return "\n".join([
             f"tf_glp.Strategy({self.settings.describe()}) on one device ({HOST_DEVICE}): no GPUs, so it trains as "
             f"plain Keras does; logical CPU replicas would share these cores and only add tf.distribute's fixed "
             f"cost per step (cpu_replicas=N trains N replicas, to try multi-replica code)",
-            self._step_choice.explain_line()])
+            self._step_choice.explain_line(),
+            f"  {self._execution.line()}"])

@@ -35,6 +35,7 @@ class Settings:
     cluster_resolver: Any = None
     micro_batches: int | None = None
     plan_path: str | None = "glp_strategy_plan.json"
+    allow_xla: bool = False
 
     def __post_init__(self):
         concepts.check_setting(self.update)
@@ -49,6 +50,8 @@ class Settings:
                 raise ValueError(f"cpu_replicas must be None or an int, got {self.cpu_replicas!r}")
             if self.cpu_replicas < 1:
                 raise ValueError(f"cpu_replicas must be at least 1, got {self.cpu_replicas}")
+        if not isinstance(self.allow_xla, bool):
+            raise ValueError(f"allow_xla must be True or False, got {self.allow_xla!r}")
         chunking.validate_chunking(self.chunking)
         compression.get(self.compression)
         if self.micro_batches is not None:

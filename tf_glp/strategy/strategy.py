@@ -63,42 +63,40 @@ class Strategy(tf.distribute.Strategy):
             with micro_batches 2).
         update: The update concept (concepts.py): "host" (the optimizer
             runs once, on the host), "replicas" (every replica applies the
-            host-summed gradients) or "auto" (at the start of the first fit
-            every concept runs a few steps on the model and its first
-            batch; the fastest beyond the spread is kept and written to
-            `plan_path`: update_choice.py; with micro_batches or across
-            workers "auto" runs "host", not measured). Default: "auto".
-        chunking: "auto" (decided at the start of the first fit: one chunk
-            on CPU replicas, where chunking cannot help; on GPUs the cost
-            model calibrated on the first steps, with at most one confirming
-            retrace), "none" (one chunk), an int number of chunks, or a byte
-            size such as "4MB" (10^6 bytes), "4MiB" (2^20) or "4194304".
-            Default: "auto".
-        compression: None, "bf16" or "fp16" (compression.py): gradients,
-            and nothing else, cross to the host in 16 bits and are
-            accumulated in float32. A finite gradient beyond float16's range
-            raises InvalidArgumentError, except in a loss-scaled step: there
-            it becomes inf and the step is skipped. Default: None.
+            host-summed gradients) or "auto" (the fastest of them on the
+            model's first batch, kept in `plan_path`: update_choice.py;
+            "host" with micro_batches or across workers). Default: "auto".
+        chunking: "auto" (at the start of the first fit: one chunk on CPU
+            replicas; on GPUs the cost model calibrated on the first steps,
+            with at most one confirming retrace), "none" (one chunk), a
+            number of chunks, or a byte size such as "4MB" (10^6 bytes),
+            "4MiB" (2^20) or "4194304". Default: "auto".
+        compression: None, "bf16" or "fp16" (compression.py): gradients
+            cross to the host in 16 bits, accumulated in float32. A finite
+            gradient beyond float16's range raises InvalidArgumentError,
+            except in a loss-scaled step (inf: the step is skipped).
+            Default: None.
         cpu_replicas: Number of logical CPU replicas when there are no GPUs
             (default None: one device; TF_GLP_CPU_REPLICAS when set, as
             `python -m tf_glp.launch` sets it), or to force CPU replicas on a
             GPU machine. Per worker when training across workers.
         micro_batches: None (default), or M: every global batch is cut into
-            M equal micro-batches whose gradients are computed one by one
-            and added on the host in a fixed order, so that any replica
-            count dividing M applies the same update, bit for bit, as one
-            device running the M micro-batches in turn (see
-            micro_batches.py for what is not invariant yet). Across
-            workers, the replicas of every worker count.
-        cluster_resolver: A tf.distribute.cluster_resolver.ClusterResolver
-            (e.g. SlurmClusterResolver) to train across workers; without
-            it, TF_CONFIG's cluster when that variable is set (as
-            `python -m tf_glp.launch` sets it). Across workers, each
-            worker's host sums its replicas and the workers' sums meet in
-            TensorFlow's collective all-reduce (multi_worker_strategy.py).
-        plan_path: Where update="auto" reads and writes its choice (reused
-            by a run with the same model, optimizer, devices and batch);
-            None: neither. Default: "glp_strategy_plan.json".
+            M micro-batches whose gradients are added on the host in a fixed
+            order, so that any replica count dividing M applies the same
+            update, bit for bit, as one device running them in turn
+            (micro_batches.py). Across workers, every worker's replicas count.
+        cluster_resolver: A ClusterResolver (e.g. SlurmClusterResolver)
+            to train across workers; without it, TF_CONFIG's cluster when set
+            (`python -m tf_glp.launch` sets it). Each worker's host sums its
+            replicas; the workers' sums meet in TensorFlow's collective
+            all-reduce (multi_worker_strategy.py).
+        plan_path: Where update="auto" and the steps per execution keep
+            their choice (reused by a run with the same model, optimizer,
+            devices and batch); None: nowhere. Default: "glp_strategy_plan.json".
+        allow_xla: On one device, XLA (`jit_compile=True`) may be chosen
+            where it measures faster at the start of the first fit
+            (execution_choice.py); it rounds differently, so without this
+            XLA is only measured and named. Default: False.
 
     Raises:
         ValueError: for an unknown update, chunking or compression, a
@@ -136,7 +134,7 @@ class Strategy(tf.distribute.Strategy):
     def __new__(cls, devices=None, *, update: str = Settings.update, chunking=Settings.chunking,
                 compression=Settings.compression, cpu_replicas=Settings.cpu_replicas,
                 cluster_resolver=Settings.cluster_resolver, micro_batches=Settings.micro_batches,
-                plan_path: str | None = Settings.plan_path):
+                plan_path: str | None = Settings.plan_path, allow_xla: bool = Settings.allow_xla):
         concepts.check_setting(update)  # (before the class' own: a bad name is named as such)
         if cls._implied_update is not None:
             if update not in (Settings.update, cls._implied_update):
@@ -145,15 +143,14 @@ class Strategy(tf.distribute.Strategy):
             update = cls._implied_update
         settings = Settings(devices=devices, update=update, chunking=chunking, compression=compression,
                             cpu_replicas=cpu_replicas, cluster_resolver=cluster_resolver,
-                            micro_batches=micro_batches, plan_path=plan_path)
+                            micro_batches=micro_batches, plan_path=plan_path, allow_xla=allow_xla)
         if cls is Strategy:
             cls = Strategy._classes[(devices_lib.placement(settings), settings.update)]
         strategy = object.__new__(cls)
         strategy.settings = settings
         return strategy
 
-    def __init__(self, devices=None, **settings):
-        del devices, settings  # kept in self.settings by __new__
+    def __init__(self, devices=None, **settings):  # (the settings are in self.settings: __new__)
         self._init_distribution()
 
     def _init_distribution(self) -> None:
@@ -260,16 +257,19 @@ class Strategy(tf.distribute.Strategy):
         return "\n".join(lines)
 
     # -- the hooks Keras' patched methods call (patches.StrategyHooks) ------
-    def _prepare_compile(self, arguments: dict) -> None:
-        no_xla.prepare_compile(arguments)
+    def _prepare_compile(self, model, arguments: dict) -> None:
+        no_xla.prepare_compile(arguments, self.settings.allow_xla)
 
     def _prepare_fit(self, model, arguments: dict) -> None:
         fit_setup.prepare(model, self, arguments)
 
     def _prepare_concept(self, model, arguments: dict, batch: int | None) -> keras.callbacks.Callback | None:
-        """Called by fit_setup before fit builds anything: update="auto"
-        decides its concept (AutoStrategy); returns a callback for fit or None."""
+        """fit_setup's: update="auto" decides its concept (AutoStrategy); a callback for fit or None."""
         return None
+
+    def _prepare_execution(self, model, arguments: dict, batch: int | None, callbacks: list) -> list:
+        """fit_setup's: one device chooses how fit runs (execution_choice.py); replicas run as compiled."""
+        return []
 
     def _micro_batch_train_step(self, model, data):
         return micro_batches_lib.train_step(model, data, self)

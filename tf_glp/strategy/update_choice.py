@@ -121,9 +121,12 @@ def choose(times_ms: dict[str, list[float]], default: str = DEFAULT) -> tuple[st
 
 # -- the plan file -----------------------------------------------------------
 # The file holds one entry per model (a script that trains two models keeps
-# both); an entry is found by its whole key. MODEL_FIELDS say which model it
-# is; the others where and how it ran.
+# both) in each section: "plans" (this module's concepts) and "executions"
+# (a one-device strategy's steps per execution: execution_choice.py). An
+# entry is found by its whole key. MODEL_FIELDS say which model it is; the
+# others where and how it ran.
 MODEL_FIELDS = ("optimizer", "trainable")
+PLANS = "plans"
 
 
 def plan_key(model, strategy, batch: int) -> dict:
@@ -141,32 +144,43 @@ def _same_model(a: dict, b: dict) -> bool:
     return all(a.get(field) == b.get(field) for field in MODEL_FIELDS)
 
 
-def _entries(path: str) -> list[dict]:
-    """The file's entries; [] for no file; raises ValueError or OSError for
-    one that cannot be read as a plan."""
+def _known_concept(entry: dict) -> bool:
+    return entry.get("choice") in CANDIDATES
+
+
+def _sections(path: str) -> dict:
+    """The file's sections; {} for no file; raises ValueError or OSError for
+    one that is not a JSON object."""
     try:
         with open(path) as f:
             data = json.load(f)
     except FileNotFoundError:
-        return []
-    entries = data.get("plans") if isinstance(data, dict) else None
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object of plans")
+    return data
+
+
+def _entries(path: str, section: str = PLANS, valid=_known_concept) -> list[dict]:
+    """The section's entries; [] for no file or no such section; raises
+    ValueError or OSError for one that cannot be read as plans."""
+    entries = _sections(path).get(section, [])
     if not isinstance(entries, list) or not all(
-            isinstance(e, dict) and isinstance(e.get("key"), dict) and e.get("choice") in CANDIDATES
-            for e in entries):
-        raise ValueError("not a list of plans with a key and a known choice")
+            isinstance(e, dict) and isinstance(e.get("key"), dict) and valid(e) for e in entries):
+        raise ValueError(f"{section!r} is not a list of entries with a key and a known choice")
     return entries
 
 
-def read_plan(path: str, key: dict) -> dict | None:
+def read_plan(path: str, key: dict, section: str = PLANS, valid=_known_concept,
+              who: str = "tf_glp.Strategy(update='auto')") -> dict | None:
     """The entry stored at `path` for `key`, or None: no file, or no entry
     for this model (measured, then added); with a warning, a file that
     cannot be read or an entry for this model written on another machine,
     versions or setting (measured again, then replaced)."""
     try:
-        entries = _entries(path)
+        entries = _entries(path, section, valid)
     except (OSError, ValueError) as error:
-        warnings.warn(f"tf_glp.Strategy(update='auto'): {path} is not a readable plan ({error}); measuring again",
-                      stacklevel=2)
+        warnings.warn(f"{who}: {path} is not a readable plan ({error}); measuring again", stacklevel=2)
         return None
     for entry in entries:
         if entry["key"] == key:
@@ -174,20 +188,31 @@ def read_plan(path: str, key: dict) -> dict | None:
     foreign = [entry for entry in entries if _same_model(entry["key"], key)]
     if foreign:
         differ = sorted(field for field in key if foreign[0]["key"].get(field) != key[field])
-        warnings.warn(f"tf_glp.Strategy(update='auto'): {path} holds this model's plan for another machine or "
+        warnings.warn(f"{who}: {path} holds this model's plan for another machine or "
                       f"setting ({', '.join(differ)} differ); measuring again", stacklevel=2)
     return None
 
 
-def write_plan(path: str, key: dict, choice: UpdateChoice) -> None:
-    """Adds this model's entry to `path` (replacing one for the same model;
-    an unreadable file is replaced whole)."""
+def write_entry(path: str, key: dict, entry: dict, section: str = PLANS) -> None:
+    """Adds this model's entry ({"key": key, **entry}) to the section of
+    `path`, replacing one for the same model and keeping the other
+    sections; a section (or file) that cannot be read is replaced whole."""
     try:
-        entries = [entry for entry in _entries(path) if not _same_model(entry["key"], key)]
+        sections = _sections(path)
     except (OSError, ValueError):
-        entries = []
-    entries.append({"key": key, "choice": choice.concept, "reason": choice.reason, "times_ms": choice.times_ms})
-    plan_lib.write_json(path, {"plans": entries})
+        sections = {}
+    kept = sections.get(section)
+    if not isinstance(kept, list):
+        kept = []
+    entries = [e for e in kept if not (isinstance(e, dict) and isinstance(e.get("key"), dict)
+                                       and _same_model(e["key"], key))]
+    entries.append({"key": key, **entry})
+    plan_lib.write_json(path, {**sections, section: entries})
+
+
+def write_plan(path: str, key: dict, choice: UpdateChoice) -> None:
+    """Adds this model's concept to `path` (write_entry)."""
+    write_entry(path, key, {"choice": choice.concept, "reason": choice.reason, "times_ms": choice.times_ms})
 
 
 # -- the decision ------------------------------------------------------------

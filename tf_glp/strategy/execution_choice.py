@@ -1,0 +1,498 @@
+"""How a one-device tf_glp.Strategy runs fit's steps: how many per call
+(Keras' `steps_per_execution`) and, only with the user's consent
+(`allow_xla=True`), whether XLA compiles them: chosen at the start of the
+first fit by timing each way on the user's model and first batch.
+
+Why: on one device tf_glp trains through plain Keras' path, and a small
+model's step is mostly the fixed cost of dispatching it (1-2 ms on this
+project's 2-core machine, docs/performance.md). Running several steps per
+call removes that cost and trains exactly the same weights; Keras 3 does
+not choose it by itself. XLA (Keras: `jit_compile`, off by default without
+GPUs) can be much faster on large dense layers and slower on small convolutions;
+it rounds differently, so it is measured and named, and used only where
+the user allows it.
+
+The candidates: `steps_per_execution` 1, 4 and 16 (at most the epoch's
+steps: Keras runs at most one epoch per call), and XLA (Keras' own
+optimizer update: tf_glp's fused ops cannot run inside XLA) at the largest.
+A first call of each traces it (XLA compiles it there); then interleaved
+rounds of the same number of steps per candidate, timed as in
+update_choice.py; a candidate wins with optimizer_step.beats' rule
+(beyond the spread and at least 1.05x). Where one step at 1 takes LONG_STEP_S
+or more, dispatch cannot be 1.05x of it: only XLA is measured then.
+
+What is kept as the user wrote it (not measured):
+- an explicit `steps_per_execution` or `jit_compile` in compile;
+- a fit with a callback that has batch-level hooks (other than Keras'
+  Progbar and History and tf_glp's own): with N steps per call Keras calls
+  those hooks every N steps. The ways are still measured, and explain()
+  names the callback and the speed it keeps on the table;
+- a fit shorter than MIN_FIT_STEPS, or one for which the measurement would
+  cost more than BUDGET of its time: after the first way (the one as
+  compiled) is traced and timed, the rest is estimated (a trace per way,
+  XLA_TRACES for XLA's compile, the rounds' steps) against the fit's steps
+  at that speed (a fit of unknown length counts as long). A measurement is
+  paid once: the next run reuses the plan file;
+- inputs that cannot be read twice (update_choice.first_batch).
+
+The ways are set for fit only: at the start of each fit the chosen
+`steps_per_execution` and `jit_compile` are set on the model with their
+train and test functions (traced once, kept for the next fit); when fit
+ends the user's values and functions are back, so evaluate() and predict()
+run as compiled. Weights, metrics, history and checkpoints are those of the
+same fit with the value written in compile (tests/strategy/
+test_execution_choice.py). The measurement leaves every model and optimizer
+variable as it found it.
+
+The choice goes to the plan file's "executions" section (update_choice.py's
+file, one entry per model), reused by the next run with the same key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+import warnings
+import weakref
+
+import keras
+import tensorflow as tf
+
+from tf_glp._keras import compat
+from tf_glp.profiling import optimizer_step
+from tf_glp.strategy import update_choice
+
+SPE_CANDIDATES = (1, 4, 16)
+ROUNDS = 5
+# Candidates clearly slower than steps_per_execution=1 after this many
+# rounds (fastest round over DROP_RATIO times 1's slowest) are dropped.
+DROP_AFTER = 2
+DROP_RATIO = 1.5
+MIN_FIT_STEPS = 500
+BUDGET = 0.1  # the most of a fit's estimated time the measurement may take
+XLA_TRACES = 3  # XLA's compile, in traces of the step (about 3x on this machine's models)
+# A step of at least this long has no dispatch cost worth removing.
+LONG_STEP_S = 0.04
+SECTION = "executions"
+WHO = "tf_glp.Strategy (steps per execution)"
+# Callbacks whose batch hooks do the same with N steps per call (Progbar
+# draws every call, History keeps epochs).
+INDIFFERENT = (keras.callbacks.ProgbarLogger, keras.callbacks.History)
+BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end",
+               "on_test_batch_begin", "on_test_batch_end")
+
+
+@dataclasses.dataclass
+class Way:
+    """How fit runs its steps."""
+
+    steps_per_execution: int = 1
+    xla: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{'XLA ' if self.xla else ''}{self.steps_per_execution}"
+
+    @classmethod
+    def of(cls, model) -> Way:
+        return cls(int(model.steps_per_execution), bool(model.jit_compile))
+
+
+@dataclasses.dataclass
+class ModelExecution:
+    """One model's ways: as compiled, as measured and as chosen."""
+
+    compiled: Way | None  # read from the model at its first fit
+    explicit: tuple[str, ...] = ()  # the compile arguments the user gave ("steps_per_execution", "jit_compile")
+    measured: bool = False
+    best: Way | None = None  # the fastest way without XLA (None: not decided yet)
+    xla_gain: float | None = None  # XLA's gain over best (measured), None where not measured
+    xla_wins: bool = False
+    reason: str = "decided at the start of the first fit"
+    times_ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    source: str = ""
+    functions: dict = dataclasses.field(default_factory=dict)  # (spe, xla) -> (train, test function)
+
+
+def batch_hook_callbacks(callbacks) -> list[str]:
+    """The names of the callbacks whose batch-level hooks Keras would call
+    less often with several steps per call."""
+    names = []
+    for callback in callbacks:
+        if isinstance(callback, INDIFFERENT) or type(callback).__module__.startswith("tf_glp."):
+            continue
+        if any(getattr(type(callback), hook, None) is not getattr(keras.callbacks.Callback, hook)
+               for hook in BATCH_HOOKS):
+            names.append(type(callback).__name__)
+    return names
+
+
+class ExecutionChoice:
+    """The ways a one-device tf_glp.Strategy runs fit, per model.
+
+    Args:
+        allow_xla: Whether XLA may be chosen (it rounds differently).
+        plan_path: The plan file (update_choice.py's), or None.
+        clock: Seconds as a float (tests inject one; `current` names the
+            way being timed). Defaults to `time.perf_counter`.
+    """
+
+    def __init__(self, allow_xla: bool = False, plan_path: str | None = None, clock=time.perf_counter):
+        self.allow_xla, self.plan_path = allow_xla, plan_path
+        self.clock = clock
+        self.current = ""  # the label of the way being timed (read by an injected clock)
+        self.rounds = ROUNDS
+        self.min_fit_steps, self.budget = MIN_FIT_STEPS, BUDGET
+        self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._last: tuple[ModelExecution, Way, str] | None = None  # (state, way in use, why) of the last fit
+
+    # -- compile and fit ----------------------------------------------------
+    def compiled(self, model, arguments: dict) -> None:
+        """Called when `model` is compiled: its ways start anew (compile
+        makes new step functions)."""
+        self._models[model] = ModelExecution(
+            None, tuple(name for name in ("steps_per_execution", "jit_compile") if name in arguments))
+
+    def prepare(self, model, arguments: dict, batch: int | None, callbacks: list,
+                before_measuring) -> list[keras.callbacks.Callback]:
+        """At the start of fit (fit_setup.py): decides the ways for `model`
+        (once), sets the one this fit may use, and returns the callbacks to
+        add (the one that puts the user's way back when fit ends, and the
+        announcement)."""
+        state = self._models.get(model)
+        if state is None:  # compiled before the strategy's patches saw it: its values count as given
+            state = ModelExecution(Way.of(model), ("steps_per_execution", "jit_compile"))
+            self._models[model] = state
+        if state.compiled is None:
+            state.compiled = Way.of(model)
+        announce = False
+        if state.best is None:
+            self._decide(state, model, arguments, batch, before_measuring)
+            announce = True
+        way, why = self._way_for_this_fit(state, callbacks)
+        self._last = (state, way, why)
+        added = []
+        current = Way.of(model)  # (the compiled way, or the chosen one after a fit that raised)
+        if way != current:
+            _switch(model, state, current, way)
+        if way != state.compiled:
+            added.append(PutBackExecution(state, way, state.compiled))
+        if announce and state.measured and arguments.get("verbose", "auto") != 0:
+            added.append(AnnounceExecution(self))
+        return added
+
+    def _way_for_this_fit(self, state: ModelExecution, callbacks: list) -> tuple[Way, str]:
+        best = state.best
+        if self.allow_xla and state.xla_wins:
+            best = Way(best.steps_per_execution, True)
+        if best.steps_per_execution != state.compiled.steps_per_execution:
+            hooked = batch_hook_callbacks(callbacks)
+            if hooked:
+                kept = Way(state.compiled.steps_per_execution, best.xla)
+                return kept, (f"steps_per_execution kept at {kept.steps_per_execution}: "
+                              f"{', '.join(hooked)} has batch-level hooks, which Keras would call every "
+                              f"{best.steps_per_execution} steps{self._left_on_table(state, kept, best)}")
+        return best, ""
+
+    @staticmethod
+    def _left_on_table(state: ModelExecution, kept: Way, best: Way) -> str:
+        if kept.label in state.times_ms and best.label in state.times_ms:
+            gain = statistics.median(state.times_ms[kept.label]) / statistics.median(state.times_ms[best.label])
+            return f" ({best.steps_per_execution} measured {gain:.2f}x faster)"
+        return ""
+
+    # -- the decision -------------------------------------------------------
+    def _decide(self, state: ModelExecution, model, arguments: dict, batch: int | None, before_measuring) -> None:
+        compiled = state.compiled
+        state.best = compiled
+        spes = ([compiled.steps_per_execution] if "steps_per_execution" in state.explicit
+                else _capped(SPE_CANDIDATES, _epoch_steps(arguments, batch)))
+        measure_xla = "jit_compile" not in state.explicit and not compiled.xla
+        if len(spes) == 1 and not measure_xla:
+            state.reason = "steps_per_execution and jit_compile as given in compile (not measured)"
+            return
+        fit_steps = _fit_steps(arguments, batch)
+        if fit_steps is not None and fit_steps < self.min_fit_steps:
+            state.reason = (f"this fit runs {fit_steps} steps, fewer than {self.min_fit_steps}: measuring would "
+                            f"cost a large part of it (not measured)")
+            return
+        if model.optimizer is None:
+            state.reason = "the model is not compiled with an optimizer (not measured)"
+            return
+        batch_values, why = update_choice.first_batch(arguments, batch)
+        if batch_values is None:
+            state.reason = f"{why} (not measured)"
+            return
+        data = update_choice._packed(batch_values)  # noqa: SLF001 (this package's own helper)
+        _build(model, data)
+        path = self.plan_path
+        key = _plan_key(model, batch, self.allow_xla) if path else None
+        stored = update_choice.read_plan(path, key, SECTION, _valid_entry, WHO) if path else None
+        if stored is not None:
+            self._take(state, stored, source=f"reused {path}")
+            return
+        before_measuring(model)
+        start = time.perf_counter()
+        candidates = [Way(spe, compiled.xla) for spe in spes]
+        try:
+            times, failed, first_s = measure(model, data, candidates, Way(max(spes), True) if measure_xla else None,
+                                             self, fit_steps)
+        except OverBudget as over:
+            state.reason = f"{over} (not measured)"
+            return
+        self._conclude(state, times, failed, first_s, time.perf_counter() - start)
+        if path:
+            update_choice.write_entry(path, key, {
+                "steps_per_execution": state.best.steps_per_execution, "xla_gain": state.xla_gain,
+                "xla_wins": state.xla_wins, "reason": state.reason, "times_ms": state.times_ms}, SECTION)
+
+    def _conclude(self, state: ModelExecution, times: dict, failed: dict, first_s: dict, took_s: float) -> None:
+        state.measured, state.source, state.times_ms = True, "measured", times
+        base = state.compiled
+        best, best_gain = base, 1.0
+        for label, ms in times.items():
+            way = _way_of(label)
+            if way.xla or label == base.label:
+                continue
+            wins, gain = optimizer_step.beats(times[base.label], ms)
+            if wins and gain > best_gain:
+                best, best_gain = way, gain
+        state.best = best
+        spes = [label for label in times if not _way_of(label).xla]
+        if best != base:
+            reason = f"{best_gain:.2f}x faster than {base.steps_per_execution}, beyond the spread"
+        elif len(spes) > 1:
+            reason = "no other count faster beyond the spread"
+        else:
+            reason = f"a step takes {statistics.median(times[base.label]):.0f} ms: dispatch is too small a part of it"
+        xla = next((label for label in times if _way_of(label).xla), None)
+        if xla is not None:
+            wins, gain = optimizer_step.beats(times[best.label], times[xla])
+            state.xla_gain, state.xla_wins = gain, wins
+            reason += (f"; XLA at {_way_of(xla).steps_per_execution}: {gain:.2f}x "
+                       f"{'faster, beyond the spread' if wins else '(not faster beyond the spread)'}, "
+                       f"its compile {first_s[xla]:.1f} s")
+        for label, error in failed.items():
+            reason += f"; {label} failed and was left out ({error})"
+        state.reason = reason + f"; measured in {took_s:.1f} s"
+
+    def _take(self, state: ModelExecution, stored: dict, source: str) -> None:
+        state.best = Way(int(stored["steps_per_execution"]), state.compiled.xla)
+        state.xla_gain, state.xla_wins = stored.get("xla_gain"), bool(stored.get("xla_wins"))
+        state.reason, state.times_ms, state.source = stored["reason"], stored.get("times_ms") or {}, source
+        state.measured = True
+
+    # -- what the user reads ------------------------------------------------
+    def line(self) -> str:
+        """The execution line of explain() and of fit's announcement."""
+        if self._last is None:
+            return ("execution: decided at the start of the first fit (steps_per_execution measured; XLA "
+                    "measured, used only with allow_xla=True)")
+        state, way, why = self._last
+        parts = [f"execution: steps_per_execution={way.steps_per_execution}, "
+                 f"{'XLA (with Keras optimizer update)' if way.xla else 'no XLA'}: {why or state.reason}"]
+        if why:
+            parts.append(state.reason)
+        if state.xla_wins and not way.xla:
+            parts.append("XLA rounds differently: pass tf_glp.Strategy(allow_xla=True) to use it")
+        if state.source and state.source != "measured":
+            parts.append(state.source)
+        if state.times_ms:
+            parts.append("ms per step, medians: " + ", ".join(
+                f"{label} {statistics.median(ms):.2f}" for label, ms in state.times_ms.items()))
+        return "; ".join(parts)
+
+
+def _valid_entry(entry: dict) -> bool:
+    spe = entry.get("steps_per_execution")
+    return isinstance(spe, int) and spe >= 1 and isinstance(entry.get("reason"), str)
+
+
+def _plan_key(model, batch: int | None, allow_xla: bool) -> dict:
+    import tf_glp  # noqa: PLC0415 (the package imports this module)
+
+    return {"schema": update_choice.SCHEMA, "tf_glp": tf_glp.__version__, "tensorflow": tf.__version__,
+            "devices": ["one device"], "global_batch": batch, "allow_xla": allow_xla,
+            "optimizer": type(model.optimizer).__name__,
+            "trainable": [[list(v.shape), str(v.dtype)] for v in model.trainable_variables]}
+
+
+def _way_of(label: str) -> Way:
+    xla = label.startswith("XLA ")
+    return Way(int(label.split()[-1]), xla)
+
+
+def _capped(candidates, epoch_steps: int | None) -> list[int]:
+    """The candidates Keras would run whole: at most one epoch per call."""
+    if epoch_steps is None:
+        return list(candidates)
+    kept = [c for c in candidates if c <= epoch_steps]
+    return kept or [1]
+
+
+def _epoch_steps(arguments: dict, batch: int | None) -> int | None:
+    """fit's steps per epoch where known before training."""
+    if arguments.get("steps_per_epoch"):
+        return int(arguments["steps_per_epoch"])
+    x = arguments.get("x")
+    if isinstance(x, tf.data.Dataset):
+        cardinality = int(x.cardinality())
+        return cardinality if cardinality >= 0 else None
+    first = tf.nest.flatten(x)[0] if x is not None else None
+    if batch and getattr(first, "shape", None):
+        samples = math.floor(int(first.shape[0]) * (1.0 - (arguments.get("validation_split") or 0.0)))
+        return max(1, math.ceil(samples / batch))
+    return None
+
+
+def _fit_steps(arguments: dict, batch: int | None) -> int | None:
+    """The steps of the whole fit where known (None: an input of unknown length)."""
+    steps = _epoch_steps(arguments, batch)
+    if steps is None:
+        return None
+    return steps * max(0, int(arguments.get("epochs", 1)) - int(arguments.get("initial_epoch", 0)))
+
+
+def _build(model, data) -> None:
+    """Builds the model, its metrics and optimizer as fit would."""
+    if not compat.nothing_to_build(model):
+        with model.distribute_strategy.scope():
+            compat.symbolic_build(model, data)
+
+
+# -- the measurement ---------------------------------------------------------
+class OverBudget(Exception):
+    """The measurement would take too large a part of the fit."""
+
+
+def measure(model, data, candidates: list[Way], xla: Way | None, choice: ExecutionChoice,
+            fit_steps: int | None = None):
+    """Times each way on `data` (one batch, repeated) in interleaved rounds
+    of the same steps; returns ({label: [ms per step per round]}, {label:
+    error} for a way left out, {label: seconds of its first call}). Raises
+    OverBudget where, after the first way, the rest would cost more than
+    choice.budget of a fit of `fit_steps` steps. Every model and optimizer
+    variable ends as it started, the metrics reset."""
+    optimizer = model.optimizer
+    compiled, fused = Way.of(model), optimizer_step.uses_fused_update(optimizer)
+    kept = [(v, tf.identity(v.value)) for v in [*model.variables, *optimizer.variables]]
+    dataset = tf.data.Dataset.from_tensors(data).repeat()
+    functions, failed, first_s = {}, {}, {}
+    try:
+        for way in candidates + ([xla] if xla else []):
+            if functions.get(candidates[0].label, (0, 0, 0))[2] >= LONG_STEP_S:  # (dispatch: too small a part)
+                if not way.xla:
+                    continue
+                way = Way(candidates[0].steps_per_execution, True)
+            try:
+                start = time.perf_counter()
+                function, iterator = _traced(model, way, fused, dataset)
+                first_s[way.label] = time.perf_counter() - start
+                update_choice._sync(function(iterator))  # noqa: SLF001 (a second call: the step's time)
+                step_s = (time.perf_counter() - start - first_s[way.label]) / way.steps_per_execution
+                functions[way.label] = (function, iterator, step_s)
+                if way == candidates[0]:
+                    _check_budget(choice, fit_steps, first_s[way.label], step_s, candidates, xla)
+            except Exception as error:  # noqa: BLE001 (a way that cannot run here, e.g. an op XLA lacks)
+                if way == candidates[0] or isinstance(error, OverBudget):
+                    raise  # the user's own way: its error is the user's
+                failed[way.label] = f"{type(error).__name__}: {update_choice._gist(error)[:200]}"  # noqa: SLF001
+        steps = max(_way_of(label).steps_per_execution for label in functions)
+        times = {label: [] for label in functions}
+        for index in range(choice.rounds):
+            if index == DROP_AFTER:
+                slowest = max(times[candidates[0].label])
+                for label in [n for n in functions if n != candidates[0].label]:
+                    if min(times[label]) > DROP_RATIO * slowest:
+                        del functions[label]
+            order = list(functions.items())
+            order = order[index % len(order):] + order[:index % len(order)]
+            for label, (function, iterator, _) in order:
+                choice.current = label
+                start = choice.clock()
+                for _ in range(steps // _way_of(label).steps_per_execution):
+                    result = function(iterator)
+                update_choice._sync(result)  # noqa: SLF001
+                times[label].append(1e3 * (choice.clock() - start) / steps)
+        return times, failed, first_s
+    finally:
+        choice.current = ""
+        model.steps_per_execution, model.jit_compile = compiled.steps_per_execution, compiled.xla
+        optimizer_step.use_fused_update(optimizer, fused)
+        model.train_function = None
+        for variable, value in kept:
+            variable.assign(value)
+        model.reset_metrics()
+
+
+def _check_budget(choice: ExecutionChoice, fit_steps: int | None, trace_s: float, step_s: float,
+                  candidates: list[Way], xla: Way | None) -> None:
+    """Raises OverBudget where the rest of the measurement (estimated from
+    the first way's trace and step) exceeds choice.budget of the fit."""
+    if fit_steps is None:
+        return
+    long_step = step_s >= LONG_STEP_S
+    ways = (1 if long_step else len(candidates)) + (1 if xla else 0)
+    steps = 1 if long_step else max(w.steps_per_execution for w in candidates)
+    cost = trace_s * ((0 if long_step else len(candidates) - 1) + (XLA_TRACES if xla else 0))
+    cost += choice.rounds * ways * steps * step_s
+    fit_s = fit_steps * step_s
+    if cost > choice.budget * fit_s:
+        raise OverBudget(f"measuring would take about {cost:.1f} s, more than {choice.budget:.0%} of this fit "
+                         f"({fit_steps} steps, about {fit_s:.1f} s as compiled)")
+
+
+def _traced(model, way: Way, fused: bool, dataset) -> tuple:
+    """fit's train function for `way` and an iterator over `dataset`, after
+    its first call (the trace; XLA's compile)."""
+    model.steps_per_execution = way.steps_per_execution
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (Keras warns where a layer does not support XLA: checked below)
+        model.jit_compile = way.xla
+    if model.jit_compile != way.xla:
+        raise ValueError("a layer of this model does not support XLA (Keras' model_supports_jit)")
+    optimizer_step.use_fused_update(model.optimizer, fused and not way.xla)  # (fused ops cannot run in XLA)
+    model.make_train_function(force=True)
+    function, iterator = model.train_function, iter(dataset)
+    update_choice._sync(function(iterator))  # noqa: SLF001
+    return function, iterator
+
+
+# -- fit's side --------------------------------------------------------------
+def _switch(model, state: ModelExecution, old: Way, new: Way) -> None:
+    """Sets `new` on the model with its step functions (made by Keras when
+    missing), keeping `old`'s for the way back."""
+    state.functions[(old.steps_per_execution, old.xla)] = (model.train_function, model.test_function)
+    model.steps_per_execution = new.steps_per_execution
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.jit_compile = new.xla
+    if new.xla:
+        optimizer_step.use_fused_update(model.optimizer, False)  # (fused ops cannot run in XLA)
+    model.train_function, model.test_function = state.functions.pop(
+        (new.steps_per_execution, new.xla), (None, None))
+
+
+class PutBackExecution(keras.callbacks.Callback):
+    """Puts the user's steps_per_execution and jit_compile back when fit
+    ends (evaluate and predict then run as compiled)."""
+
+    def __init__(self, state: ModelExecution, used: Way, compiled: Way):
+        super().__init__()
+        self._state, self._used, self._compiled = state, used, compiled
+
+    def on_train_end(self, logs=None):
+        _switch(self.model, self._state, self._used, self._compiled)
+
+
+class AnnounceExecution(keras.callbacks.Callback):
+    """Prints the execution choice once, when training begins."""
+
+    def __init__(self, choice: ExecutionChoice):
+        super().__init__()
+        self._choice = choice
+
+    def on_train_begin(self, logs=None):
+        print(f"tf_glp.Strategy: {self._choice.line()}", flush=True)
