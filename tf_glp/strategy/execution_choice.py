@@ -24,8 +24,8 @@ or more, dispatch cannot be 1.05x of it: only XLA is measured then.
 What is kept as the user wrote it (not measured):
 - an explicit `steps_per_execution` or `jit_compile` in compile;
 - a fit with a callback that has batch-level hooks (other than Keras'
-  Progbar and History and tf_glp's own): with N steps per call Keras calls
-  those hooks every N steps. The ways are still measured, and explain()
+  Progbar and History, checkpoints saved per epoch and tf_glp's own
+  decisions): with N steps per call Keras calls those hooks every N steps. The ways are still measured, and explain()
   names the callback and the speed it keeps on the table;
 - a fit shorter than MIN_FIT_STEPS, or one for which the measurement would
   cost more than BUDGET of its time: after the first way (the one as
@@ -75,11 +75,13 @@ BUDGET = 0.1  # the most of a fit's estimated time the measurement may take
 XLA_TRACES = 3  # XLA's compile, in traces of the step (about 3x on this machine's models)
 # A step of at least this long has no dispatch cost worth removing.
 LONG_STEP_S = 0.04
-SECTION = "executions"
+SECTION = update_choice.EXECUTIONS
 WHO = "tf_glp.Strategy (steps per execution)"
-# Callbacks whose batch hooks do the same with N steps per call (Progbar
-# draws every call, History keeps epochs).
+# Callbacks whose batch hooks do the same with N steps per call: Progbar
+# draws every call, History keeps epochs; checkpoints saved per epoch
+# (their batch hooks count batches only for an int save_freq).
 INDIFFERENT = (keras.callbacks.ProgbarLogger, keras.callbacks.History)
+PER_EPOCH = (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore)
 BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end",
                "on_test_batch_begin", "on_test_batch_end")
 
@@ -121,7 +123,8 @@ def batch_hook_callbacks(callbacks) -> list[str]:
     less often with several steps per call."""
     names = []
     for callback in callbacks:
-        if isinstance(callback, INDIFFERENT) or type(callback).__module__.startswith("tf_glp."):
+        if (isinstance(callback, INDIFFERENT) or type(callback).__module__.startswith("tf_glp.strategy.")
+                or (isinstance(callback, PER_EPOCH) and callback.save_freq == "epoch")):
             continue
         if any(getattr(type(callback), hook, None) is not getattr(keras.callbacks.Callback, hook)
                for hook in BATCH_HOOKS):

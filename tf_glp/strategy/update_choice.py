@@ -126,7 +126,7 @@ def choose(times_ms: dict[str, list[float]], default: str = DEFAULT) -> tuple[st
 # entry is found by its whole key. MODEL_FIELDS say which model it is; the
 # others where and how it ran.
 MODEL_FIELDS = ("optimizer", "trainable")
-PLANS = "plans"
+PLANS, EXECUTIONS = "plans", "executions"
 
 
 def plan_key(model, strategy, batch: int) -> dict:
@@ -156,8 +156,8 @@ def _sections(path: str) -> dict:
             data = json.load(f)
     except FileNotFoundError:
         return {}
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object of plans")
+    if not isinstance(data, dict) or not set(data) <= {PLANS, EXECUTIONS}:
+        raise ValueError(f"not a list of plans (a JSON object of {PLANS!r} and {EXECUTIONS!r})")
     return data
 
 

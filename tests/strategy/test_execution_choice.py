@@ -1,0 +1,201 @@
+"""The steps per execution (and XLA) a one-device tf_glp.Strategy chooses at
+the start of the first fit (tf_glp/strategy/execution_choice.py).
+
+The clock is injected (each read moves it on by the way being timed), so
+the choice is deterministic; what it trains is compared bit for bit with
+plain Keras given the chosen value in compile."""
+
+import json
+
+import numpy as np
+import pytest
+
+import keras
+import tf_glp
+from tf_glp.strategy import execution_choice
+
+BATCH, SAMPLES, EPOCHS = 64, 640, 3  # 10 steps per epoch: with 4 per call, 4 + 4 + 2
+
+
+def _clock(ms: dict[str, float], calls: list | None = None):
+    """A clock under which one step of each way takes `ms[label]`; the way
+    timed is read from `clock.choice.current`."""
+    now = [0.0]
+
+    def clock():
+        label = clock.choice.current
+        if calls is not None:
+            calls.append(label)
+        now[0] += ms[label] * 16 / 1e3  # (a round's steps: the same for every way)
+        return now[0]
+
+    return clock
+
+
+def _strategy(ms=None, calls=None, **settings):
+    strategy = tf_glp.Strategy(plan_path=settings.pop("plan_path", None), **settings)
+    choice = strategy._execution  # noqa: SLF001 (the tests inject the clock and the thresholds)
+    choice.min_fit_steps, choice.budget = 0, float("inf")
+    if ms is not None:
+        choice.clock = _clock(ms, calls)
+        choice.clock.choice = choice
+    return strategy
+
+
+def _model(**compile_args):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((12,)), keras.layers.Dense(16, activation="relu"), keras.layers.BatchNormalization(),
+        keras.layers.Dropout(0.3), keras.layers.Dense(3)])
+    # RMSprop: Keras' own update on every path (not in the fused table), so
+    # the comparison with plain Keras is bitwise.
+    model.compile(optimizer=keras.optimizers.RMSprop(1e-2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
+                  **compile_args)
+    return model
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return rng.random((SAMPLES, 12), dtype=np.float32), rng.integers(0, 3, SAMPLES)
+
+
+class Record(keras.callbacks.Callback):
+    """What fit ran (epoch-level hooks only: it does not hold the choice back)."""
+
+    def on_train_begin(self, logs=None):
+        self.ways = getattr(self, "ways", []) + [(self.model.steps_per_execution, self.model.jit_compile)]
+
+
+class CountBatches(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.batches = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+
+
+def _fit(model, callbacks=(), epochs=EPOCHS):
+    x, y = _data()
+    return model.fit(x, y, batch_size=BATCH, epochs=epochs, validation_data=(x[:128], y[:128]), verbose=0,
+                     shuffle=False, callbacks=list(callbacks))
+
+
+FAST_4 = {"1": 3.0, "4": 1.0, "XLA 4": 0.5}
+
+
+def test_chosen_steps_per_execution_trains_bitwise_like_it_written_by_hand(tmp_path):
+    strategy = _strategy(FAST_4)
+    with strategy.scope():
+        model = _model()
+    record = Record()
+    checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "glp.weights.h5"), save_weights_only=True)
+    history = _fit(model, [record, checkpoint])
+    assert record.ways == [(4, False)]  # XLA measured fastest, but not allowed
+    assert (model.steps_per_execution, model.jit_compile) == (1, False)  # the user's again after fit
+    explain = strategy.explain()
+    assert "steps_per_execution=4, no XLA: 3.00x faster than 1" in explain, explain
+    assert "pass tf_glp.Strategy(allow_xla=True)" in explain, explain
+
+    by_hand = _model(steps_per_execution=4)
+    hand_checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "hand.weights.h5"), save_weights_only=True)
+    hand_history = _fit(by_hand, [hand_checkpoint])
+    assert history.history == hand_history.history
+    for mine, theirs in zip(model.variables + model.optimizer.variables,
+                            by_hand.variables + by_hand.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), err_msg=mine.path)
+    x, y = _data()
+    assert model.evaluate(x, y, verbose=0) == by_hand.evaluate(x, y, verbose=0)
+    saved, hand_saved = _model(), _model()
+    saved.load_weights(str(tmp_path / "glp.weights.h5"))
+    hand_saved.load_weights(str(tmp_path / "hand.weights.h5"))
+    for mine, theirs in zip(saved.weights, hand_saved.weights, strict=True):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+
+    again = _fit(model, [record], epochs=1)  # the chosen way's functions are kept: no new measurement
+    assert record.ways[-1] == (4, False) and len(again.history["loss"]) == 1
+
+
+def test_a_callback_with_batch_hooks_keeps_one_step_per_call_and_is_named():
+    strategy = _strategy(FAST_4)
+    with strategy.scope():
+        model = _model()
+    counter = CountBatches()
+    _fit(model, [counter])
+    assert counter.batches == EPOCHS * SAMPLES // BATCH  # every step, as the user wrote it
+    explain = strategy.explain()
+    assert "steps_per_execution kept at 1: CountBatches has batch-level hooks" in explain, explain
+    assert "(4 measured 3.00x faster)" in explain, explain
+
+
+def test_an_explicit_setting_is_kept():
+    calls = []
+    strategy = _strategy({"2": 2.0, "XLA 2": 5.0}, calls)
+    with strategy.scope():
+        model = _model(steps_per_execution=2)
+    record = Record()
+    _fit(model, [record])
+    assert record.ways == [(2, False)]
+    assert set(calls) == {"2", "XLA 2"}  # only XLA measured, at the user's count
+
+    never = []
+    strategy = _strategy({}, never)
+    with strategy.scope():
+        model = _model(steps_per_execution=2, jit_compile=False)
+    _fit(model, [record])
+    assert never == [] and record.ways[-1] == (2, False)
+    assert "as given in compile (not measured)" in strategy.explain()
+
+
+@pytest.mark.parametrize("allow_xla", [False, True])
+def test_xla_is_chosen_only_with_consent(allow_xla):
+    strategy = _strategy(FAST_4, allow_xla=allow_xla)
+    with strategy.scope():
+        model = _model()
+    record = Record()
+    _fit(model, [record])
+    assert record.ways == [(4, allow_xla)]
+    assert model.jit_compile is False  # evaluate and predict run as compiled
+    explain = strategy.explain()
+    assert ("XLA (with Keras optimizer update)" in explain) == allow_xla, explain
+    assert "XLA at 4: 2.00x faster, beyond the spread" in explain, explain
+
+
+def test_the_plan_file_is_reused_and_keeps_the_other_sections(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"plans": []}')
+    strategy = _strategy(FAST_4, plan_path=str(plan))
+    with strategy.scope():
+        model = _model()
+    _fit(model)
+    never = []
+    reused = _strategy({}, never, plan_path=str(plan))
+    with reused.scope():
+        model = _model()
+    record = Record()
+    _fit(model, [record])
+    assert never == [] and record.ways == [(4, False)]
+    assert f"reused {plan}" in reused.explain()
+    sections = json.loads(plan.read_text())
+    assert sections["plans"] == [] and len(sections["executions"]) == 1
+
+
+def test_a_short_fit_is_not_measured():
+    never = []
+    strategy = tf_glp.Strategy(plan_path=None)
+    strategy._execution.clock = _clock({}, never)  # noqa: SLF001
+    with strategy.scope():
+        model = _model()
+    _fit(model)
+    assert never == []
+    assert f"fewer than {execution_choice.MIN_FIT_STEPS}" in strategy.explain()
+
+
+def test_callbacks_that_mind_the_steps_per_call():
+    kept = execution_choice.batch_hook_callbacks([
+        keras.callbacks.History(), keras.callbacks.ProgbarLogger(), keras.callbacks.EarlyStopping(),
+        keras.callbacks.ModelCheckpoint("x.weights.h5", save_weights_only=True),
+        keras.callbacks.ModelCheckpoint("x.weights.h5", save_weights_only=True, save_freq=5),
+        keras.callbacks.TerminateOnNaN(), tf_glp.callbacks.BackupAndRestore("/tmp/b"), CountBatches()])
+    assert kept == ["ModelCheckpoint", "TerminateOnNaN", "CountBatches"]
