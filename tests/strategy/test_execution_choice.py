@@ -76,9 +76,9 @@ class CountBatches(keras.callbacks.Callback):
         self.batches += 1
 
 
-def _fit(model, callbacks=(), epochs=EPOCHS):
+def _fit(model, callbacks=(), epochs=EPOCHS, verbose=0):
     x, y = _data()
-    return model.fit(x, y, batch_size=BATCH, epochs=epochs, validation_data=(x[:128], y[:128]), verbose=0,
+    return model.fit(x, y, batch_size=BATCH, epochs=epochs, validation_data=(x[:128], y[:128]), verbose=verbose,
                      shuffle=False, callbacks=list(callbacks))
 
 
@@ -162,20 +162,22 @@ def test_xla_is_chosen_only_with_consent(allow_xla):
     assert "XLA at 4: 2.00x faster, beyond the spread" in explain, explain
 
 
-def test_the_plan_file_is_reused_and_keeps_the_other_sections(tmp_path):
+def test_the_plan_file_is_reused_and_keeps_the_other_sections(tmp_path, capsys):
     plan = tmp_path / "plan.json"
     plan.write_text('{"plans": []}')
     strategy = _strategy(FAST_4, plan_path=str(plan))
     with strategy.scope():
         model = _model()
-    _fit(model)
+    _fit(model, verbose=2)
+    printed = [line for line in capsys.readouterr().out.splitlines() if "execution:" in line]
+    assert len(printed) == 1 and printed[0].startswith("tf_glp.Strategy: execution: steps_per_execution=4, no XLA")
     never = []
-    reused = _strategy({}, never, plan_path=str(plan))
+    reused = _strategy({}, never, plan_path=str(plan), allow_xla=True)  # (consent is not part of the key)
     with reused.scope():
         model = _model()
     record = Record()
     _fit(model, [record])
-    assert never == [] and record.ways == [(4, False)]
+    assert never == [] and record.ways == [(4, True)]
     assert f"reused {plan}" in reused.explain()
     sections = json.loads(plan.read_text())
     assert sections["plans"] == [] and len(sections["executions"]) == 1
@@ -199,3 +201,18 @@ def test_callbacks_that_mind_the_steps_per_call():
         keras.callbacks.ModelCheckpoint("x.weights.h5", save_weights_only=True, save_freq=5),
         keras.callbacks.TerminateOnNaN(), tf_glp.callbacks.BackupAndRestore("/tmp/b"), CountBatches()])
     assert kept == ["ModelCheckpoint", "TerminateOnNaN", "CountBatches"]
+
+
+def test_the_measurement_budget():
+    check, over = execution_choice._check_budget, execution_choice.OverBudget  # noqa: SLF001
+    choice = execution_choice.ExecutionChoice()
+    ways, xla = [execution_choice.Way(k) for k in (1, 4, 16)], execution_choice.Way(16, True)
+    # A 0.4 s trace, 1 ms steps: 0.4 s x (2 traces + 3 for XLA) + 5 rounds x 4 ways x 16 steps x 1 ms = 2.32 s.
+    with pytest.raises(over, match=r"about 2\.3 s, more than 10% of this fit \(20000 steps"):
+        check(choice, 20_000, 0.4, 0.001, ways, xla)
+    check(choice, 30_000, 0.4, 0.001, ways, xla)
+    check(choice, None, 0.4, 0.001, ways, xla)  # a fit of unknown length counts as long
+    # 50 ms steps: only XLA, at 1 step per call: 0.4 s x 3 + 5 rounds x 2 ways x 1 step x 50 ms = 1.7 s.
+    with pytest.raises(over, match=r"about 1\.7 s"):
+        check(choice, 300, 0.4, 0.05, ways, xla)
+    check(choice, 400, 0.4, 0.05, ways, xla)

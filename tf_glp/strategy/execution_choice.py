@@ -112,6 +112,7 @@ class ModelExecution:
     best: Way | None = None  # the fastest way without XLA (None: not decided yet)
     xla_gain: float | None = None  # XLA's gain over best (measured), None where not measured
     xla_wins: bool = False
+    xla_steps: int = 1  # the steps per execution XLA was measured at
     reason: str = "decided at the start of the first fit"
     times_ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     source: str = ""
@@ -189,11 +190,12 @@ class ExecutionChoice:
     def _way_for_this_fit(self, state: ModelExecution, callbacks: list) -> tuple[Way, str]:
         best = state.best
         if self.allow_xla and state.xla_wins:
-            best = Way(best.steps_per_execution, True)
+            best = Way(state.xla_steps, True)  # (as measured)
         if best.steps_per_execution != state.compiled.steps_per_execution:
             hooked = batch_hook_callbacks(callbacks)
             if hooked:
-                kept = Way(state.compiled.steps_per_execution, best.xla)
+                spe = state.compiled.steps_per_execution
+                kept = Way(spe, best.xla and f"XLA {spe}" in state.times_ms)  # (XLA only where measured)
                 return kept, (f"steps_per_execution kept at {kept.steps_per_execution}: "
                               f"{', '.join(hooked)} has batch-level hooks, which Keras would call every "
                               f"{best.steps_per_execution} steps{self._left_on_table(state, kept, best)}")
@@ -230,18 +232,18 @@ class ExecutionChoice:
             return
         data = update_choice._packed(batch_values)  # noqa: SLF001 (this package's own helper)
         _build(model, data)
+        candidates = [Way(spe, compiled.xla) for spe in spes]
+        xla = Way(max(spes), True) if measure_xla else None
         path = self.plan_path
-        key = _plan_key(model, batch, self.allow_xla) if path else None
+        key = _plan_key(model, batch, [w.label for w in candidates + ([xla] if xla else [])]) if path else None
         stored = update_choice.read_plan(path, key, SECTION, _valid_entry, WHO) if path else None
         if stored is not None:
             self._take(state, stored, source=f"reused {path}")
             return
         before_measuring(model)
         start = time.perf_counter()
-        candidates = [Way(spe, compiled.xla) for spe in spes]
         try:
-            times, failed, first_s = measure(model, data, candidates, Way(max(spes), True) if measure_xla else None,
-                                             self, fit_steps)
+            times, failed, first_s = measure(model, data, candidates, xla, self, fit_steps)
         except OverBudget as over:
             state.reason = f"{over} (not measured)"
             return
@@ -249,7 +251,8 @@ class ExecutionChoice:
         if path:
             update_choice.write_entry(path, key, {
                 "steps_per_execution": state.best.steps_per_execution, "xla_gain": state.xla_gain,
-                "xla_wins": state.xla_wins, "reason": state.reason, "times_ms": state.times_ms}, SECTION)
+                "xla_wins": state.xla_wins, "xla_steps": state.xla_steps, "reason": state.reason,
+                "times_ms": state.times_ms}, SECTION)
 
     def _conclude(self, state: ModelExecution, times: dict, failed: dict, first_s: dict, took_s: float) -> None:
         state.measured, state.source, state.times_ms = True, "measured", times
@@ -273,7 +276,7 @@ class ExecutionChoice:
         xla = next((label for label in times if _way_of(label).xla), None)
         if xla is not None:
             wins, gain = optimizer_step.beats(times[best.label], times[xla])
-            state.xla_gain, state.xla_wins = gain, wins
+            state.xla_gain, state.xla_wins, state.xla_steps = gain, wins, _way_of(xla).steps_per_execution
             reason += (f"; XLA at {_way_of(xla).steps_per_execution}: {gain:.2f}x "
                        f"{'faster, beyond the spread' if wins else '(not faster beyond the spread)'}, "
                        f"its compile {first_s[xla]:.1f} s")
@@ -284,6 +287,7 @@ class ExecutionChoice:
     def _take(self, state: ModelExecution, stored: dict, source: str) -> None:
         state.best = Way(int(stored["steps_per_execution"]), state.compiled.xla)
         state.xla_gain, state.xla_wins = stored.get("xla_gain"), bool(stored.get("xla_wins"))
+        state.xla_steps = int(stored.get("xla_steps") or 1)
         state.reason, state.times_ms, state.source = stored["reason"], stored.get("times_ms") or {}, source
         state.measured = True
 
@@ -313,11 +317,13 @@ def _valid_entry(entry: dict) -> bool:
     return isinstance(spe, int) and spe >= 1 and isinstance(entry.get("reason"), str)
 
 
-def _plan_key(model, batch: int | None, allow_xla: bool) -> dict:
+def _plan_key(model, batch: int | None, candidates: list[str]) -> dict:
+    """What the measurement depends on (not allow_xla: consent only decides
+    whether a measured XLA win is taken)."""
     import tf_glp  # noqa: PLC0415 (the package imports this module)
 
     return {"schema": update_choice.SCHEMA, "tf_glp": tf_glp.__version__, "tensorflow": tf.__version__,
-            "devices": ["one device"], "global_batch": batch, "allow_xla": allow_xla,
+            "devices": ["one device"], "global_batch": batch, "candidates": candidates,
             "optimizer": type(model.optimizer).__name__,
             "trainable": [[list(v.shape), str(v.dtype)] for v in model.trainable_variables]}
 
