@@ -32,8 +32,8 @@ def _clock(ms: dict[str, float], calls: list | None = None):
     return clock
 
 
-def _strategy(ms=None, calls=None, **settings):
-    strategy = tf_glp.Strategy(plan_path=settings.pop("plan_path", None), **settings)
+def _strategy(ms=None, calls=None, devices=None, **settings):
+    strategy = tf_glp.Strategy(devices, plan_path=settings.pop("plan_path", None), **settings)
     choice = strategy._execution  # noqa: SLF001 (the tests inject the clock and the thresholds)
     choice.min_fit_steps, choice.budget = 0, float("inf")
     if ms is not None:
@@ -115,6 +115,25 @@ def test_chosen_steps_per_execution_trains_bitwise_like_it_written_by_hand(tmp_p
 
     again = _fit(model, [record], epochs=1)  # the chosen way's functions are kept: no new measurement
     assert record.ways[-1] == (4, False) and len(again.history["loss"]) == 1
+
+
+@pytest.mark.parametrize("update", ["host", "replicas"])
+def test_replicas_choose_the_count_too_and_train_bitwise_like_it_written_by_hand(update):
+    devices = ["/cpu:0", "/cpu:1"]
+    calls = []
+    strategy = _strategy(FAST_4, calls, devices, update=update)
+    with strategy.scope():
+        model = _model()
+    record = Record()
+    history = _fit(model, [record])
+    assert record.ways == [(4, False)] and "XLA 4" not in calls  # XLA: one device only
+    assert "steps_per_execution=4, no XLA: 3.00x faster than 1" in strategy.explain()
+    by_hand = tf_glp.Strategy(devices, update=update, plan_path=None)
+    with by_hand.scope():
+        model_by_hand = _model(steps_per_execution=4)
+    assert history.history == _fit(model_by_hand).history
+    for mine, theirs in zip(model.variables, model_by_hand.variables, strict=True):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), err_msg=mine.path)
 
 
 def test_a_callback_with_batch_hooks_keeps_one_step_per_call_and_is_named():
@@ -205,7 +224,7 @@ def test_callbacks_that_mind_the_steps_per_call():
 
 def test_the_measurement_budget():
     check, over = execution_choice._check_budget, execution_choice.OverBudget  # noqa: SLF001
-    choice = execution_choice.ExecutionChoice()
+    choice = tf_glp.Strategy(plan_path=None)._execution  # noqa: SLF001
     ways, xla = [execution_choice.Way(k) for k in (1, 4, 16)], execution_choice.Way(16, True)
     # A 0.4 s trace, 1 ms steps: 0.4 s x (2 traces + 3 for XLA) + 5 rounds x 4 ways x 16 steps x 1 ms = 2.32 s.
     with pytest.raises(over, match=r"about 2\.3 s, more than 10% of this fit \(20000 steps"):
@@ -216,3 +235,11 @@ def test_the_measurement_budget():
     with pytest.raises(over, match=r"about 1\.7 s"):
         check(choice, 300, 0.4, 0.05, ways, xla)
     check(choice, 400, 0.4, 0.05, ways, xla)
+
+
+def test_allow_xla_is_a_bool_and_has_no_effect_with_replicas():
+    with pytest.raises(ValueError, match="allow_xla must be True or False, got 'yes'"):
+        tf_glp.Strategy(allow_xla="yes")
+    strategy = tf_glp.Strategy(["/cpu:0", "/cpu:1"], allow_xla=True, plan_path=None)
+    with strategy.scope(), pytest.warns(UserWarning, match=r"allow_xla=True\) has no effect with replicas"):
+        _model()

@@ -1,39 +1,45 @@
-"""How a one-device tf_glp.Strategy runs fit's steps: how many per call
-(Keras' `steps_per_execution`) and, only with the user's consent
+"""How a tf_glp.Strategy runs fit's steps: how many per call (Keras'
+`steps_per_execution`) and, on one device and only with the user's consent
 (`allow_xla=True`), whether XLA compiles them: chosen at the start of the
 first fit by timing each way on the user's model and first batch.
 
-Why: on one device tf_glp trains through plain Keras' path, and a small
-model's step is mostly the fixed cost of dispatching it (1-2 ms on this
-project's 2-core machine, docs/performance.md). Running several steps per
-call removes that cost and trains exactly the same weights; Keras 3 does
-not choose it by itself. XLA (Keras: `jit_compile`, off by default without
-GPUs) can be much faster on large dense layers and slower on small convolutions;
-it rounds differently, so it is measured and named, and used only where
-the user allows it.
+Why: a small model's step is mostly the fixed cost of dispatching it (1-2
+ms on this project's 2-core machine on one device, more with replicas:
+docs/performance.md). Running several steps per call removes that cost and
+trains exactly the same weights; Keras 3 does not choose it by itself. XLA
+(Keras: `jit_compile`, off by default without GPUs) can be much faster or
+much slower (on this project's CPU 2.2x faster on a wide MLP, 4x slower on
+MobileNetV2: benchmarks/RESULTS.md); it rounds differently,
+so it is measured and named, and used only where the user allows it. (With
+replicas XLA is refused: tf_glp's host ops run outside it, no_xla.py.)
 
 The candidates: `steps_per_execution` 1, 4 and 16 (at most the epoch's
-steps: Keras runs at most one epoch per call), and XLA (Keras' own
-optimizer update: tf_glp's fused ops cannot run inside XLA) at the largest.
-A first call of each traces it (XLA compiles it there); then interleaved
-rounds of the same number of steps per candidate, timed as in
+steps: Keras runs at most one epoch per call), and on one device XLA
+(Keras' own optimizer update: tf_glp's fused ops cannot run inside XLA) at
+the largest. A first call of each traces it (XLA compiles it there); then
+interleaved rounds of the same number of steps per candidate, timed as in
 update_choice.py; a candidate wins with optimizer_step.beats' rule
 (beyond the spread and at least 1.05x). Where one step at 1 takes LONG_STEP_S
-or more, dispatch cannot be 1.05x of it: only XLA is measured then.
+or more, dispatch cannot be 1.05x of it: only XLA is measured then. The
+times are of fit's train function alone, so they overstate the gain in fit,
+whose own work per call and per epoch stays.
 
 What is kept as the user wrote it (not measured):
-- an explicit `steps_per_execution` or `jit_compile` in compile;
+- an explicit `steps_per_execution` (XLA is still measured, at it) or
+  `jit_compile` (the count is still measured) in compile;
 - a fit with a callback that has batch-level hooks (other than Keras'
   Progbar and History, checkpoints saved per epoch and tf_glp's own
-  decisions): with N steps per call Keras calls those hooks every N steps. The ways are still measured, and explain()
-  names the callback and the speed it keeps on the table;
+  decisions): with N steps per call Keras calls those hooks every N steps.
+  The ways are still measured, and explain() names the callback and the
+  speed it keeps on the table;
 - a fit shorter than MIN_FIT_STEPS, or one for which the measurement would
   cost more than BUDGET of its time: after the first way (the one as
   compiled) is traced and timed, the rest is estimated (a trace per way,
   XLA_TRACES for XLA's compile, the rounds' steps) against the fit's steps
   at that speed (a fit of unknown length counts as long). A measurement is
   paid once: the next run reuses the plan file;
-- inputs that cannot be read twice (update_choice.first_batch).
+- inputs that cannot be read twice (update_choice.first_batch), training
+  across workers and micro_batches (not measured yet).
 
 The ways are set for fit only: at the start of each fit the chosen
 `steps_per_execution` and `jit_compile` are set on the model with their
@@ -42,7 +48,7 @@ ends the user's values and functions are back, so evaluate() and predict()
 run as compiled. Weights, metrics, history and checkpoints are those of the
 same fit with the value written in compile (tests/strategy/
 test_execution_choice.py). The measurement leaves every model and optimizer
-variable as it found it.
+variable (each replica's copy) as it found it.
 
 The choice goes to the plan file's "executions" section (update_choice.py's
 file, one entry per model), reused by the next run with the same key.
@@ -134,17 +140,19 @@ def batch_hook_callbacks(callbacks) -> list[str]:
 
 
 class ExecutionChoice:
-    """The ways a one-device tf_glp.Strategy runs fit, per model.
+    """The ways a tf_glp.Strategy runs fit, per model.
 
     Args:
-        allow_xla: Whether XLA may be chosen (it rounds differently).
-        plan_path: The plan file (update_choice.py's), or None.
+        strategy: The tf_glp.Strategy (its settings: allow_xla, plan_path;
+            XLA only on one device).
         clock: Seconds as a float (tests inject one; `current` names the
             way being timed). Defaults to `time.perf_counter`.
     """
 
-    def __init__(self, allow_xla: bool = False, plan_path: str | None = None, clock=time.perf_counter):
-        self.allow_xla, self.plan_path = allow_xla, plan_path
+    def __init__(self, strategy, clock=time.perf_counter):
+        self._strategy = strategy
+        self.allow_xla = strategy.settings.allow_xla and strategy._is_one_device
+        self.plan_path = strategy.settings.plan_path
         self.clock = clock
         self.current = ""  # the label of the way being timed (read by an injected clock)
         self.rounds = ROUNDS
@@ -160,7 +168,7 @@ class ExecutionChoice:
             None, tuple(name for name in ("steps_per_execution", "jit_compile") if name in arguments))
 
     def prepare(self, model, arguments: dict, batch: int | None, callbacks: list,
-                before_measuring) -> list[keras.callbacks.Callback]:
+                before_measuring=None) -> list[keras.callbacks.Callback]:
         """At the start of fit (fit_setup.py): decides the ways for `model`
         (once), sets the one this fit may use, and returns the callbacks to
         add (the one that puts the user's way back when fit ends, and the
@@ -210,11 +218,16 @@ class ExecutionChoice:
 
     # -- the decision -------------------------------------------------------
     def _decide(self, state: ModelExecution, model, arguments: dict, batch: int | None, before_measuring) -> None:
-        compiled = state.compiled
+        compiled, strategy = state.compiled, self._strategy
         state.best = compiled
+        if compat.in_multi_worker_mode(strategy) or strategy.micro_batches:
+            state.reason = ("across workers" if compat.in_multi_worker_mode(strategy) else "with micro_batches")
+            state.reason += " fit runs as compiled (not measured)"
+            return
         spes = ([compiled.steps_per_execution] if "steps_per_execution" in state.explicit
                 else _capped(SPE_CANDIDATES, _epoch_steps(arguments, batch)))
-        measure_xla = "jit_compile" not in state.explicit and not compiled.xla
+        # (With replicas XLA is refused: no_xla.py.)
+        measure_xla = strategy._is_one_device and "jit_compile" not in state.explicit and not compiled.xla
         if len(spes) == 1 and not measure_xla:
             state.reason = "steps_per_execution and jit_compile as given in compile (not measured)"
             return
@@ -235,12 +248,13 @@ class ExecutionChoice:
         candidates = [Way(spe, compiled.xla) for spe in spes]
         xla = Way(max(spes), True) if measure_xla else None
         path = self.plan_path
-        key = _plan_key(model, batch, [w.label for w in candidates + ([xla] if xla else [])]) if path else None
+        key = _plan_key(model, strategy, batch, [w.label for w in candidates + ([xla] if xla else [])]) if path else None
         stored = update_choice.read_plan(path, key, SECTION, _valid_entry, WHO) if path else None
         if stored is not None:
             self._take(state, stored, source=f"reused {path}")
             return
-        before_measuring(model)
+        if before_measuring is not None:
+            before_measuring(model)
         start = time.perf_counter()
         try:
             times, failed, first_s = measure(model, data, candidates, xla, self, fit_steps)
@@ -317,13 +331,14 @@ def _valid_entry(entry: dict) -> bool:
     return isinstance(spe, int) and spe >= 1 and isinstance(entry.get("reason"), str)
 
 
-def _plan_key(model, batch: int | None, candidates: list[str]) -> dict:
+def _plan_key(model, strategy, batch: int | None, candidates: list[str]) -> dict:
     """What the measurement depends on (not allow_xla: consent only decides
     whether a measured XLA win is taken)."""
     import tf_glp  # noqa: PLC0415 (the package imports this module)
 
     return {"schema": update_choice.SCHEMA, "tf_glp": tf_glp.__version__, "tensorflow": tf.__version__,
-            "devices": ["one device"], "global_batch": batch, "candidates": candidates,
+            "devices": list(strategy.extended.worker_devices), "global_batch": batch, "candidates": candidates,
+            "update": strategy.concept,
             "optimizer": type(model.optimizer).__name__,
             "trainable": [[list(v.shape), str(v.dtype)] for v in model.trainable_variables]}
 
@@ -384,10 +399,12 @@ def measure(model, data, candidates: list[Way], xla: Way | None, choice: Executi
     OverBudget where, after the first way, the rest would cost more than
     choice.budget of a fit of `fit_steps` steps. Every model and optimizer
     variable ends as it started, the metrics reset."""
-    optimizer = model.optimizer
+    optimizer, strategy = model.optimizer, model.distribute_strategy
     compiled, fused = Way.of(model), optimizer_step.uses_fused_update(optimizer)
-    kept = [(v, tf.identity(v.value)) for v in [*model.variables, *optimizer.variables]]
-    dataset = tf.data.Dataset.from_tensors(data).repeat()
+    kept = [(component, tf.identity(component.read_value()))  # (each replica's copy)
+            for v in [*model.variables, *optimizer.variables]
+            for component in strategy.experimental_local_results(v.value)]
+    dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(data).repeat())
     functions, failed, first_s = {}, {}, {}
     try:
         for way in candidates + ([xla] if xla else []):
@@ -431,8 +448,9 @@ def measure(model, data, candidates: list[Way], xla: Way | None, choice: Executi
         model.steps_per_execution, model.jit_compile = compiled.steps_per_execution, compiled.xla
         optimizer_step.use_fused_update(optimizer, fused)
         model.train_function = None
-        for variable, value in kept:
-            variable.assign(value)
+        for component, value in kept:
+            with tf.device(component.device):
+                component.assign(value)
         model.reset_metrics()
 
 

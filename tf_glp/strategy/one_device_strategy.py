@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from tf_glp._keras import compat
 from tf_glp.profiling import optimizer_step
-from tf_glp.strategy import concepts, execution_choice
+from tf_glp.strategy import concepts
 from tf_glp.strategy.strategy import HOST_DEVICE, ONE_DEVICE, Strategy
 
 
@@ -124,7 +124,6 @@ class SingleDeviceStrategy(Strategy, tf.distribute.OneDeviceStrategy, placement=
             warnings.warn(f"tf_glp.Strategy: compression={self.compression!r} has nothing to compress on one device "
                           f"(no gradient crosses to the host); pass cpu_replicas=N to train N replicas.", stacklevel=4)
         self._step_choice = OptimizerStepChoice(self)
-        self._execution = execution_choice.ExecutionChoice(self.settings.allow_xla, self.settings.plan_path)
         tf.distribute.Strategy.__init__(self, OneDeviceExtended(self, HOST_DEVICE))
 
     def _prepare_compile(self, model, arguments: dict) -> None:

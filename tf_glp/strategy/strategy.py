@@ -34,7 +34,7 @@ from tf_glp._keras import compat, patches
 from tf_glp.ops import supports_fused_update
 from tf_glp.ops.keras_fused import changes_gradients
 from tf_glp.strategy import chunking as chunking_lib
-from tf_glp.strategy import concepts, cost_model, devices as devices_lib, fit_setup
+from tf_glp.strategy import concepts, cost_model, devices as devices_lib, execution_choice, fit_setup
 from tf_glp.strategy import fused_host_step, micro_batches as micro_batches_lib, no_xla
 from tf_glp.strategy.cross_device_ops import HostCrossDeviceOps
 from tf_glp.strategy.settings import Settings
@@ -169,6 +169,7 @@ class Strategy(tf.distribute.Strategy):
                        else devices_lib.default_devices(settings.cpu_replicas))
         self.micro_batches = micro_batches_lib.check_replicas(settings.micro_batches, len(devices), workers)
         self._rates: dict[type, cost_model.HostRates] = {}
+        self._execution = execution_choice.ExecutionChoice(self)
         patches.install_micro_batch_wrappers(
             micro_batches_lib.seed_next, micro_batches_lib.batch_norm_moments, micro_batches_lib.scale_for_distribution)
         return devices
@@ -201,8 +202,7 @@ class Strategy(tf.distribute.Strategy):
 
     @property
     def host_device(self) -> str:
-        """The device whose CPUs sum the gradients (and, with update="host",
-        run the optimizer step)."""
+        """The device whose CPUs sum the gradients (update="host": and step)."""
         return self._host_ops.host_device
 
     @property
@@ -220,8 +220,7 @@ class Strategy(tf.distribute.Strategy):
         return self._rates[type(optimizer)]
 
     def uses_gpus(self) -> bool:
-        """Whether every replica is a GPU (only then can the host's work
-        overlap the replicas' compute)."""
+        """Whether every replica is a GPU (only then can the host's work overlap theirs)."""
         return devices_lib.all_gpus(self.extended.worker_devices)
 
     @functools.cached_property
@@ -230,10 +229,9 @@ class Strategy(tf.distribute.Strategy):
         return tf.distribute.NcclAllReduce() if self.uses_gpus() else tf.distribute.ReductionToOneDevice()
 
     def explain(self) -> str:
-        """The settings, the update concept in use and why, and how the chunk
-        count in use was chosen: the reason, and for chunking="auto" on GPUs
-        the predicted and measured step time of each candidate with the cost
-        model's components, in milliseconds.
+        """The settings, the update concept in use and why, how the chunk
+        count was chosen (for chunking="auto" on GPUs each candidate's
+        predicted and measured step time, in ms) and the steps per call.
 
         Example:
             >>> print(strategy.explain())
@@ -254,10 +252,11 @@ class Strategy(tf.distribute.Strategy):
             lines.append(f"  cost: {len(self.extended.worker_devices)} logical CPU replicas share the host's cores, so "
                          f"they add no compute, only tf.distribute's fixed cost per step (docs/performance.md); "
                          f"tf_glp.Strategy() without devices or cpu_replicas trains on one device")
-        return "\n".join(lines)
+        return "\n".join([*lines, f"  {self._execution.line()}"])
 
     # -- the hooks Keras' patched methods call (patches.StrategyHooks) ------
     def _prepare_compile(self, model, arguments: dict) -> None:
+        self._execution.compiled(model, arguments)  # (before no_xla sets jit_compile)
         no_xla.prepare_compile(arguments, self.settings.allow_xla)
 
     def _prepare_fit(self, model, arguments: dict) -> None:
@@ -268,8 +267,8 @@ class Strategy(tf.distribute.Strategy):
         return None
 
     def _prepare_execution(self, model, arguments: dict, batch: int | None, callbacks: list) -> list:
-        """fit_setup's: one device chooses how fit runs (execution_choice.py); replicas run as compiled."""
-        return []
+        """fit_setup's: the steps per execution (execution_choice.py); callbacks for fit."""
+        return self._execution.prepare(model, arguments, batch, callbacks)
 
     def _micro_batch_train_step(self, model, data):
         return micro_batches_lib.train_step(model, data, self)
