@@ -12,7 +12,7 @@ import pytest
 
 import keras
 import tf_glp
-from tf_glp.strategy import execution_choice
+from tf_glp.strategy import execution_choice, update_choice
 
 BATCH, SAMPLES, EPOCHS = 64, 640, 3  # 10 steps per epoch: with 4 per call, 4 + 4 + 2
 
@@ -178,6 +178,7 @@ def test_xla_is_chosen_only_with_consent(allow_xla):
     assert model.jit_compile is False  # evaluate and predict run as compiled
     explain = strategy.explain()
     assert ("XLA (with Keras optimizer update)" in explain) == allow_xla, explain
+    assert ("optimizer step: Keras' own (XLA compiles the step" in explain) == allow_xla, explain
     assert "XLA at 4: 2.00x faster, beyond the spread" in explain, explain
 
 
@@ -243,3 +244,15 @@ def test_allow_xla_is_a_bool_and_has_no_effect_with_replicas():
     strategy = tf_glp.Strategy(["/cpu:0", "/cpu:1"], allow_xla=True, plan_path=None)
     with strategy.scope(), pytest.warns(UserWarning, match=r"allow_xla=True\) has no effect with replicas"):
         _model()
+
+
+def test_writing_one_section_keeps_the_other_and_drops_unreadable_entries(tmp_path):
+    plan = tmp_path / "plan.json"
+    key = {"optimizer": "Adam", "trainable": [[[2], "float32"]]}
+    plan.write_text(json.dumps({"plans": [{"key": key, "choice": "host"}],
+                                "executions": [{"no": "key"}, {"key": key, "steps_per_execution": "x"}]}))
+    update_choice.write_entry(str(plan), key, {"steps_per_execution": 4, "reason": "r"}, update_choice.EXECUTIONS,
+                              execution_choice._valid_entry)  # noqa: SLF001
+    sections = json.loads(plan.read_text())
+    assert sections == {"plans": [{"key": key, "choice": "host"}],
+                        "executions": [{"key": key, "steps_per_execution": 4, "reason": "r"}]}

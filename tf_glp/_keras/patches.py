@@ -34,8 +34,9 @@ tf_glp.Strategy:
 - TFOptimizer._apply_weight_decay: skipped when the fused update applies it.
 - Trainer.compile: with replicas, jit_compile="auto" becomes False (the
   host ops run outside XLA) and jit_compile=True is refused with a clear
-  message; on one device compile is Keras' own, the strategy noting which
-  of steps_per_execution and jit_compile the user set. (Patched
+  message; on one device compile is Keras' own. Either way the strategy
+  notes which of steps_per_execution and jit_compile the user set (its
+  steps-per-execution choice keeps those). (Patched
   on Keras' Trainer itself: Keras treats a Model whose compile differs from
   Trainer.compile as custom and then skips compile when loading it.)
 - TensorFlowTrainer.train_step, Keras' (un)scale_loss_for_distribution,

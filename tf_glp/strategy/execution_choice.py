@@ -266,7 +266,7 @@ class ExecutionChoice:
             update_choice.write_entry(path, key, {
                 "steps_per_execution": state.best.steps_per_execution, "xla_gain": state.xla_gain,
                 "xla_wins": state.xla_wins, "xla_steps": state.xla_steps, "reason": state.reason,
-                "times_ms": state.times_ms}, SECTION)
+                "times_ms": state.times_ms}, SECTION, _valid_entry)
 
     def _conclude(self, state: ModelExecution, times: dict, failed: dict, first_s: dict, took_s: float) -> None:
         state.measured, state.source, state.times_ms = True, "measured", times
@@ -306,6 +306,11 @@ class ExecutionChoice:
         state.measured = True
 
     # -- what the user reads ------------------------------------------------
+    @property
+    def xla_in_use(self) -> bool:
+        """Whether the last fit ran under XLA (with Keras' optimizer update)."""
+        return self._last is not None and self._last[1].xla
+
     def line(self) -> str:
         """The execution line of explain() and of fit's announcement."""
         if self._last is None:

@@ -9,9 +9,9 @@ fit patch in tf_glp/_keras/patches.py through Strategy._prepare_fit).
 - A plain keras.callbacks.BackupAndRestore becomes tf_glp's (chief-only
   writes across workers, batch-level resume;
   tf_glp/callbacks/backup_and_restore.py).
-- On one device, the optimizer step's decision (one_device_strategy.py)
-  and the steps per execution (and, with allow_xla=True, XLA): measured
-  before fit builds its step (execution_choice.py).
+- On one device, the optimizer step's decision (one_device_strategy.py).
+- The steps per execution (and on one device, with allow_xla=True, XLA):
+  measured before fit builds its step (execution_choice.py).
 - update="auto" decides its concept, before fit builds anything
   (update_choice.py).
 """

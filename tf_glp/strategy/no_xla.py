@@ -4,9 +4,9 @@ Its host aggregation and update are native host ops, which XLA cannot
 compile: compile's jit_compile="auto" becomes False, jit_compile=True is
 refused when the model is compiled, and an optimizer step that still finds
 itself inside an XLA context (a user's own jit-compiled function) stops with
-the same message. (A one-device tf_glp.Strategy leaves an explicit jit_compile alone: Keras'
-own update runs under it; otherwise it measures XLA and uses it only with
-allow_xla=True: execution_choice.py.)
+the same message. (A one-device tf_glp.Strategy leaves an explicit
+jit_compile alone, Keras' own update running under it; otherwise it
+measures XLA and uses it only with allow_xla=True: execution_choice.py.)
 """
 
 from __future__ import annotations

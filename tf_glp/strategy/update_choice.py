@@ -122,7 +122,7 @@ def choose(times_ms: dict[str, list[float]], default: str = DEFAULT) -> tuple[st
 # -- the plan file -----------------------------------------------------------
 # The file holds one entry per model (a script that trains two models keeps
 # both) in each section: "plans" (this module's concepts) and "executions"
-# (a one-device strategy's steps per execution: execution_choice.py). An
+# (the steps per execution: execution_choice.py). An
 # entry is found by its whole key. MODEL_FIELDS say which model it is; the
 # others where and how it ran.
 MODEL_FIELDS = ("optimizer", "trainable")
@@ -193,10 +193,11 @@ def read_plan(path: str, key: dict, section: str = PLANS, valid=_known_concept,
     return None
 
 
-def write_entry(path: str, key: dict, entry: dict, section: str = PLANS) -> None:
+def write_entry(path: str, key: dict, entry: dict, section: str = PLANS, valid=_known_concept) -> None:
     """Adds this model's entry ({"key": key, **entry}) to the section of
     `path`, replacing one for the same model and keeping the other
-    sections; a section (or file) that cannot be read is replaced whole."""
+    sections; entries that cannot be read (`valid`) are dropped, a file
+    that cannot be read is replaced whole."""
     try:
         sections = _sections(path)
     except (OSError, ValueError):
@@ -204,8 +205,8 @@ def write_entry(path: str, key: dict, entry: dict, section: str = PLANS) -> None
     kept = sections.get(section)
     if not isinstance(kept, list):
         kept = []
-    entries = [e for e in kept if not (isinstance(e, dict) and isinstance(e.get("key"), dict)
-                                       and _same_model(e["key"], key))]
+    entries = [e for e in kept if isinstance(e, dict) and isinstance(e.get("key"), dict) and valid(e)
+               and not _same_model(e["key"], key)]
     entries.append({"key": key, **entry})
     plan_lib.write_json(path, {**sections, section: entries})
 
