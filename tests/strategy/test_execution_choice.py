@@ -212,6 +212,12 @@ def test_a_short_fit_is_not_measured():
     _fit(model)
     assert never == []
     assert f"fewer than {execution_choice.MIN_FIT_STEPS}" in strategy.explain()
+    choice = strategy._execution  # noqa: SLF001
+    choice.min_fit_steps, choice.budget, choice.clock = 0, float("inf"), _clock(FAST_4)  # a long fit next
+    choice.clock.choice = choice
+    record = Record()
+    _fit(model, [record])
+    assert record.ways == [(4, False)]  # measured at the first fit long enough
 
 
 def test_callbacks_that_mind_the_steps_per_call():

@@ -36,8 +36,9 @@ What is kept as the user wrote it (not measured):
   cost more than BUDGET of its time: after the first way (the one as
   compiled) is traced and timed, the rest is estimated (a trace per way,
   XLA_TRACES for XLA's compile, the rounds' steps) against the fit's steps
-  at that speed (a fit of unknown length counts as long). A measurement is
-  paid once: the next run reuses the plan file;
+  at that speed (a fit of unknown length counts as long). A later, longer
+  fit of the same model measures then. A measurement is paid once: the
+  next run reuses the plan file;
 - inputs that cannot be read twice (update_choice.first_batch), training
   across workers and micro_batches (not measured yet).
 
@@ -115,13 +116,15 @@ class ModelExecution:
     compiled: Way | None  # read from the model at its first fit
     explicit: tuple[str, ...] = ()  # the compile arguments the user gave ("steps_per_execution", "jit_compile")
     measured: bool = False
-    best: Way | None = None  # the fastest way without XLA (None: not decided yet)
+    best: Way | None = None  # the fastest way without XLA (None: not decided yet; see `final`)
     xla_gain: float | None = None  # XLA's gain over best (measured), None where not measured
     xla_wins: bool = False
     xla_steps: int = 1  # the steps per execution XLA was measured at
     reason: str = "decided at the start of the first fit"
     times_ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     source: str = ""
+    final: bool = False  # decided for good (else the next fit may measure: this one was too short, say)
+    over_budget_at: int = 0  # the longest fit found too short for the budget (a longer one tries again)
     functions: dict = dataclasses.field(default_factory=dict)  # (spe, xla) -> (train, test function)
 
 
@@ -180,9 +183,9 @@ class ExecutionChoice:
         if state.compiled is None:
             state.compiled = Way.of(model)
         announce = False
-        if state.best is None:
+        if not state.final:
             self._decide(state, model, arguments, batch, before_measuring)
-            announce = True
+            announce = state.source == "measured"
         way, why = self._way_for_this_fit(state, callbacks)
         self._last = (state, way, why)
         added = []
@@ -191,7 +194,7 @@ class ExecutionChoice:
             _switch(model, state, current, way)
         if way != state.compiled:
             added.append(PutBackExecution(state, way, state.compiled))
-        if announce and state.measured and arguments.get("verbose", "auto") != 0:
+        if announce and arguments.get("verbose", "auto") != 0:
             added.append(AnnounceExecution(self))
         return added
 
@@ -219,7 +222,7 @@ class ExecutionChoice:
     # -- the decision -------------------------------------------------------
     def _decide(self, state: ModelExecution, model, arguments: dict, batch: int | None, before_measuring) -> None:
         compiled, strategy = state.compiled, self._strategy
-        state.best = compiled
+        state.best, state.final = compiled, True
         if compat.in_multi_worker_mode(strategy) or strategy.micro_batches:
             state.reason = ("across workers" if compat.in_multi_worker_mode(strategy) else "with micro_batches")
             state.reason += " fit runs as compiled (not measured)"
@@ -232,6 +235,9 @@ class ExecutionChoice:
             state.reason = "steps_per_execution and jit_compile as given in compile (not measured)"
             return
         fit_steps = _fit_steps(arguments, batch)
+        state.final = False  # (below: not measured for this fit only, or measured)
+        if fit_steps is not None and fit_steps <= state.over_budget_at:
+            return  # (the reason stays: a fit this short was over the budget)
         if fit_steps is not None and fit_steps < self.min_fit_steps:
             state.reason = (f"this fit runs {fit_steps} steps, fewer than {self.min_fit_steps}: measuring would "
                             f"cost a large part of it (not measured)")
@@ -252,6 +258,7 @@ class ExecutionChoice:
         stored = update_choice.read_plan(path, key, SECTION, _valid_entry, WHO) if path else None
         if stored is not None:
             self._take(state, stored, source=f"reused {path}")
+            state.final = True
             return
         if before_measuring is not None:
             before_measuring(model)
@@ -259,9 +266,10 @@ class ExecutionChoice:
         try:
             times, failed, first_s = measure(model, data, candidates, xla, self, fit_steps)
         except OverBudget as over:
-            state.reason = f"{over} (not measured)"
+            state.reason, state.over_budget_at = f"{over} (not measured)", fit_steps
             return
         self._conclude(state, times, failed, first_s, time.perf_counter() - start)
+        state.final = True
         if path:
             update_choice.write_entry(path, key, {
                 "steps_per_execution": state.best.steps_per_execution, "xla_gain": state.xla_gain,
