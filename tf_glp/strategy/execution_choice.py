@@ -36,7 +36,8 @@ What is kept as the user wrote it (not measured):
   cost more than BUDGET of its time: after the first way (the one as
   compiled) is traced and timed, the rest is estimated (a trace per way,
   XLA_TRACES for XLA's compile, the rounds' steps) against the fit's steps
-  at that speed (a fit of unknown length counts as long). A later, longer
+  at that speed; a fit of unknown length (an input of unknown cardinality
+  without steps_per_epoch) is not measured either. A later, longer
   fit of the same model measures then. A measurement is paid once: the
   next run reuses the plan file;
 - inputs that cannot be read twice (update_choice.first_batch), training
@@ -236,9 +237,13 @@ class ExecutionChoice:
             return
         fit_steps = _fit_steps(arguments, batch)
         state.final = False  # (below: not measured for this fit only, or measured)
-        if fit_steps is not None and fit_steps <= state.over_budget_at:
+        if fit_steps is None:
+            state.reason = ("the fit's length is not known before training (an input of unknown cardinality; "
+                            "steps_per_epoch makes it known): its measurement could not be weighed (not measured)")
+            return
+        if fit_steps <= state.over_budget_at:
             return  # (the reason stays: a fit this short was over the budget)
-        if fit_steps is not None and fit_steps < self.min_fit_steps:
+        if fit_steps < self.min_fit_steps:
             state.reason = (f"this fit runs {fit_steps} steps, fewer than {self.min_fit_steps}: measuring would "
                             f"cost a large part of it (not measured)")
             return
@@ -410,7 +415,7 @@ def measure(model, data, candidates: list[Way], xla: Way | None, choice: Executi
     of the same steps; returns ({label: [ms per step per round]}, {label:
     error} for a way left out, {label: seconds of its first call}). Raises
     OverBudget where, after the first way, the rest would cost more than
-    choice.budget of a fit of `fit_steps` steps. Every model and optimizer
+    choice.budget of a fit of `fit_steps` steps (None: no budget). Every model and optimizer
     variable ends as it started, the metrics reset."""
     optimizer, strategy = model.optimizer, model.distribute_strategy
     compiled, fused = Way.of(model), optimizer_step.uses_fused_update(optimizer)
@@ -470,7 +475,8 @@ def measure(model, data, candidates: list[Way], xla: Way | None, choice: Executi
 def _check_budget(choice: ExecutionChoice, fit_steps: int | None, trace_s: float, step_s: float,
                   candidates: list[Way], xla: Way | None) -> None:
     """Raises OverBudget where the rest of the measurement (estimated from
-    the first way's trace and step) exceeds choice.budget of the fit."""
+    the first way's trace and step) exceeds choice.budget of the fit
+    (None: no budget)."""
     if fit_steps is None:
         return
     long_step = step_s >= LONG_STEP_S
