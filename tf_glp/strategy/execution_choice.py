@@ -70,7 +70,7 @@ import tensorflow as tf
 
 from tf_glp._keras import compat
 from tf_glp.profiling import optimizer_step
-from tf_glp.strategy import update_choice
+from tf_glp.strategy import fit_setup, update_choice
 
 SPE_CANDIDATES = (1, 4, 16)
 ROUNDS = 5
@@ -196,7 +196,7 @@ class ExecutionChoice:
         if way != state.compiled:
             added.append(PutBackExecution(state, way, state.compiled))
         if announce and arguments.get("verbose", "auto") != 0:
-            added.append(AnnounceExecution(self))
+            added.append(update_choice.AnnounceChoice(self))
         return added
 
     def _way_for_this_fit(self, state: ModelExecution, callbacks: list) -> tuple[Way, str]:
@@ -382,11 +382,8 @@ def _epoch_steps(arguments: dict, batch: int | None) -> int | None:
     if isinstance(x, tf.data.Dataset):
         cardinality = int(x.cardinality())
         return cardinality if cardinality >= 0 else None
-    first = tf.nest.flatten(x)[0] if x is not None else None
-    if batch and getattr(first, "shape", None):
-        samples = math.floor(int(first.shape[0]) * (1.0 - (arguments.get("validation_split") or 0.0)))
-        return max(1, math.ceil(samples / batch))
-    return None
+    samples = fit_setup.training_samples(arguments)
+    return max(1, math.ceil(samples / batch)) if batch and samples is not None else None
 
 
 def _fit_steps(arguments: dict, batch: int | None) -> int | None:
@@ -419,9 +416,7 @@ def measure(model, data, candidates: list[Way], xla: Way | None, choice: Executi
     variable ends as it started, the metrics reset."""
     optimizer, strategy = model.optimizer, model.distribute_strategy
     compiled, fused = Way.of(model), optimizer_step.uses_fused_update(optimizer)
-    kept = [(component, tf.identity(component.read_value()))  # (each replica's copy)
-            for v in [*model.variables, *optimizer.variables]
-            for component in strategy.experimental_local_results(v.value)]
+    restore = update_choice.variables_kept(strategy, [*model.variables, *optimizer.variables])
     dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(data).repeat())
     functions, failed, first_s = {}, {}, {}
     try:
@@ -466,9 +461,7 @@ def measure(model, data, candidates: list[Way], xla: Way | None, choice: Executi
         model.steps_per_execution, model.jit_compile = compiled.steps_per_execution, compiled.xla
         optimizer_step.use_fused_update(optimizer, fused)
         model.train_function = None
-        for component, value in kept:
-            with tf.device(component.device):
-                component.assign(value)
+        restore()
         model.reset_metrics()
 
 
@@ -531,14 +524,3 @@ class PutBackExecution(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         _switch(self.model, self._state, self._used, self._compiled)
-
-
-class AnnounceExecution(keras.callbacks.Callback):
-    """Prints the execution choice once, when training begins."""
-
-    def __init__(self, choice: ExecutionChoice):
-        super().__init__()
-        self._choice = choice
-
-    def on_train_begin(self, logs=None):
-        print(f"tf_glp.Strategy: {self._choice.line()}", flush=True)

@@ -33,7 +33,7 @@ def prepare(model, strategy, arguments: dict) -> None:
     batch = _global_batch(arguments)
     _check_global_batch(batch, strategy.num_replicas_in_sync)
     if strategy.micro_batches:
-        micro_batches.check_fit(model, strategy, batch, _training_samples(arguments))
+        micro_batches.check_fit(model, strategy, batch, training_samples(arguments))
     if compat.in_multi_worker_mode(strategy):
         strategy.extended.check_same_on_every_worker(
             [batch or 0], "the workers' global batch sizes differ ({low} to {high}; 0: not known before "
@@ -77,7 +77,7 @@ def _global_batch(arguments: dict) -> int | None:
     return batch
 
 
-def _training_samples(arguments: dict) -> int | None:
+def training_samples(arguments: dict) -> int | None:
     """How many samples an epoch of fit trains on, for array inputs without
     steps_per_epoch (Keras keeps the first floor(n * (1 - validation_split))
     for training); None where that is not known before training."""

@@ -308,11 +308,11 @@ def first_batch(arguments: dict, batch: int | None):
     return None, "fit's input is not arrays or a tf.data.Dataset (it cannot be read twice)"
 
 
-def _variables_kept(strategy, model):
-    """Every model variable's value, per replica copy; returns a function
-    that puts them back."""
+def variables_kept(strategy, variables):
+    """Every variable's value, per replica copy; returns a function that
+    puts them back."""
     kept = []
-    for variable in model.variables:
+    for variable in variables:
         for component in strategy.experimental_local_results(variable.value):
             kept.append((component, tf.identity(component.read_value())))
 
@@ -334,7 +334,7 @@ def measure(model, strategy, data, candidates, choice: UpdateChoice, set_concept
     `failed`. The model's variables and metrics end as they started; the
     user's optimizer is untouched."""
     user_optimizer = model.optimizer
-    restore = _variables_kept(strategy, model)
+    restore = variables_kept(strategy, model.variables)
     dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(data).repeat())
     functions = {}
     try:
@@ -442,9 +442,11 @@ def _sync(result) -> None:
 
 
 class AnnounceChoice(keras.callbacks.Callback):
-    """Prints the update choice once, when training begins (fit with verbose not 0)."""
+    """Prints a start-up choice's line once, when training begins (added
+    for fit with verbose not 0): the update choice here, the steps per
+    execution (execution_choice.py)."""
 
-    def __init__(self, choice: UpdateChoice):
+    def __init__(self, choice):
         super().__init__()
         self._choice = choice
 
