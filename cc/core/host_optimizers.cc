@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 namespace tf_glp::core {
 namespace {
@@ -27,7 +28,7 @@ std::string CheckFinite(const char* name, float value) {
 
 }  // namespace
 
-const char* UpdateKindName(UpdateKind kind) {
+const char* UpdateKindName(int kind) {
   const UpdateTraits* traits = FindUpdateTraits(kind);
   return traits != nullptr ? traits->name : "unknown";
 }
@@ -38,7 +39,7 @@ std::string HostApplyUpdate(const HostUpdateSpec& spec,
   const UpdateTraits* traits = FindUpdateTraits(a.kind);
   if (traits == nullptr) {
     return "host optimizer got an unknown update kind " +
-           std::to_string(static_cast<int>(a.kind));
+           std::to_string(a.kind);
   }
   if (a.num_grads < 1) {
     return "host optimizer needs at least one gradient, got " +
@@ -48,14 +49,18 @@ std::string HostApplyUpdate(const HostUpdateSpec& spec,
     return "host optimizer got a negative element count " +
            std::to_string(spec.num_elements);
   }
-  for (const HyperParameter& parameter : kHyperParameters) {
-    const std::string error = CheckFinite(parameter.name, a.*parameter.field);
+  for (int k = 0; k < traits->scalars; ++k) {
+    const std::string error = CheckFinite(traits->scalar_names[k], a.scalars[k]);
+    if (!error.empty()) return error;
+  }
+  for (const auto& [name, value] : {std::pair<const char*, float>{"weight_decay", a.decay_rate},
+                                    {"weight decay learning_rate", a.decay_learning_rate}}) {
+    const std::string error = CheckFinite(name, value);
     if (!error.empty()) return error;
   }
   if (spec.num_elements == 0) return "";
-  const float* const slots[kMaxSlots] = {a.slot0, a.slot1};
   bool null_slot = false;
-  for (int i = 0; i < traits->slots; ++i) null_slot |= slots[i] == nullptr;
+  for (int i = 0; i < traits->slots; ++i) null_slot |= a.slots[i] == nullptr;
   if (a.grads == nullptr || a.param == nullptr || null_slot) {
     return std::string("host optimizer (") + traits->name +
            ") got a null buffer";

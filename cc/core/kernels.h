@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "cc/core/dtype.h"
+#include "cc/core/update_formulas.h"
 
 namespace tf_glp::core {
 
@@ -34,12 +35,9 @@ struct ReduceArgs {
   bool streaming_stores;  // write the output around the caches
 };
 
-// The fused optimizer updates; each has a row of traits, see Note [Update
-// kinds] in host_optimizers.h.
-enum class UpdateKind : int { kSgd = 0, kMomentum = 1, kNesterov = 2, kAdam = 3 };
-
+// One fused optimizer update (Note [Update formulas] in update_formulas.h).
 struct UpdateArgs {
-  UpdateKind kind;
+  int kind;  // an index into UpdateFormulas
   const void* const* grads;  // num_grads arrays of grad_dtype, summed in order
   int num_grads;
   DType grad_dtype;
@@ -49,15 +47,8 @@ struct UpdateArgs {
   // caller whose parameter buffer others still read write the new value to a
   // fresh buffer in the same pass, instead of copying the old one first.
   const float* param_source;
-  float* slot0;  // momentum (kMomentum, kNesterov) or first moment (kAdam)
-  float* slot1;  // second moment (kAdam)
-  // kSgd, kMomentum, kNesterov: the learning rate. kAdam: Keras' alpha,
-  // lr * sqrt(1 - beta_2^t) / (1 - beta_1^t).
-  float learning_rate;
-  float momentum;
-  float one_minus_beta_1;
-  float one_minus_beta_2;
-  float epsilon;
+  float* slots[kMaxSlots];     // the kind's slot buffers, in its order
+  float scalars[kMaxScalars];  // the kind's scalars, in its order
   // Decoupled weight decay as Keras applies it before the update:
   // param -= param * decay_rate * decay_learning_rate.
   bool weight_decay;

@@ -59,6 +59,25 @@ struct VecOps {
   static F Mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F Div(F a, F b) { return _mm256_div_ps(a, b); }
   static F Sqrt(F a) { return _mm256_sqrt_ps(a); }
+  static F Max(F a, F b) { return _mm256_max_ps(a, b); }
+  static F Min(F a, F b) { return _mm256_min_ps(a, b); }
+  static F Neg(F a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
+  static F Abs(F a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+  static F Sign(F a) {
+    const F zero = _mm256_setzero_ps();
+    const F s = _mm256_or_ps(
+        _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_GT_OQ), _mm256_set1_ps(1.0f)),
+        _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_LT_OQ), _mm256_set1_ps(-1.0f)));
+    return _mm256_blendv_ps(s, a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+  }
+  // Lane by lane (there is no vector powf): the same function as the scalar path.
+  static F Pow(F a, F b) {
+    alignas(32) float x[kLanes], y[kLanes];
+    _mm256_store_ps(x, a);
+    _mm256_store_ps(y, b);
+    for (int k = 0; k < kLanes; ++k) x[k] = __builtin_powf(x[k], y[k]);
+    return _mm256_load_ps(x);
+  }
 };
 }  // namespace
 #include "cc/core/kernels_impl.inc"

@@ -59,6 +59,26 @@ struct VecOps {
   static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F Div(F a, F b) { return _mm512_div_ps(a, b); }
   static F Sqrt(F a) { return _mm512_sqrt_ps(a); }
+  static F Max(F a, F b) { return _mm512_max_ps(a, b); }
+  static F Min(F a, F b) { return _mm512_min_ps(a, b); }
+  static F Neg(F a) {
+    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x80000000)));
+  }
+  static F Abs(F a) { return _mm512_abs_ps(a); }
+  static F Sign(F a) {
+    const F zero = _mm512_setzero_ps();
+    F s = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, zero, _CMP_GT_OQ), zero, _mm512_set1_ps(1.0f));
+    s = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, zero, _CMP_LT_OQ), s, _mm512_set1_ps(-1.0f));
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), s, a);
+  }
+  // Lane by lane (there is no vector powf): the same function as the scalar path.
+  static F Pow(F a, F b) {
+    alignas(64) float x[kLanes], y[kLanes];
+    _mm512_store_ps(x, a);
+    _mm512_store_ps(y, b);
+    for (int k = 0; k < kLanes; ++k) x[k] = __builtin_powf(x[k], y[k]);
+    return _mm512_load_ps(x);
+  }
 };
 }  // namespace
 #include "cc/core/kernels_impl.inc"

@@ -1,25 +1,32 @@
 """The fused-update tables: tf_glp/ops/host_optimizers.py's HostUpdate rows
-against the registered ops and the native kinds' traits (Note [Update
-kinds]), keras_fused.py's FusedOptimizer rows against Keras' optimizers
-(Note [Fusing a Keras optimizer]), and FUSED_OPTIMIZERS against both."""
+against the native formulas (Note [Update formulas]), keras_fused.py's
+FusedOptimizer rows against Keras' optimizers (Note [Fusing a Keras
+optimizer]): every row, with settings that choose each of its updates,
+gives Keras' numbers over many steps; and FUSED_OPTIMIZERS and
+KERAS_UPDATE_ONLY against keras.optimizers."""
 
 import inspect
+import os
+import re
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.python.framework import op_def_registry
 
 import tf_glp
 from tf_glp.ops.host_optimizers import HOST_UPDATES, apply_host_update
 from tf_glp.ops.keras_fused import (
     FUSED_OPTIMIZER_TABLE,
     FUSED_OPTIMIZERS,
+    KERAS_UPDATE_ONLY,
+    FusedKerasUpdate,
     fused_optimizer,
     supports_fused_update,
     update_bytes_per_parameter,
 )
+
+_FORMULAS = os.path.join(os.path.dirname(__file__), "..", "..", "cc", "core", "update_formulas.h")
 
 TABLE_CLASSES = {row.optimizer_class for row in FUSED_OPTIMIZER_TABLE}
 
@@ -34,7 +41,35 @@ _OPTIMIZER_ARGUMENTS = {
 # defaults only).
 _SETTINGS = {
     "SGD": [{}, {"momentum": 0.9}, {"momentum": 0.9, "nesterov": True}],
+    "Adam": [{}, {"amsgrad": True}],
+    "AdamW": [{}, {"amsgrad": True}],
+    "RMSprop": [{}, {"momentum": 0.9}, {"centered": True}, {"centered": True, "momentum": 0.5}],
 }
+# Other settings each class's formula reads, tried once more (with a
+# learning-rate schedule and weight decay) in the Keras comparison below.
+_MORE_SETTINGS = {
+    "SGD": {"momentum": 0.8, "nesterov": True},
+    "Adam": {"beta_1": 0.8, "epsilon": 1e-5},
+    "RMSprop": {"rho": 0.8, "momentum": 0.3, "centered": True, "epsilon": 1e-5},
+    "Adagrad": {"initial_accumulator_value": 0.5, "epsilon": 1e-5},
+    "Adamax": {"beta_1": 0.8, "beta_2": 0.99},
+    "Adadelta": {"rho": 0.8, "epsilon": 1e-5},
+    "Lion": {"beta_1": 0.8, "beta_2": 0.95},
+    "Nadam": {"beta_1": 0.8, "beta_2": 0.99},
+    "Ftrl": {"learning_rate_power": -0.7, "l1_regularization_strength": 0.01, "l2_regularization_strength": 0.02,
+             "l2_shrinkage_regularization_strength": 0.03, "beta": 0.1},
+    "ScheduleFreeAdamW": {"warmup_steps": 5, "beta_1": 0.8},
+}
+# The rows whose formula calls pow (HostUpdate.exact is False: Ftrl): Keras'
+# update runs TensorFlow's pow, the fused one the C library's powf (TF's
+# pow(x, 0.5) differs from the correctly rounded sqrt in 27% of float32
+# values here, powf in none). Ftrl subtracts two such powers, which
+# amplifies that bit over steps (seen: 2e-4 relative after 30 steps), and
+# within a step where the difference is small against the variable's
+# largest weight (seen: 6e-6 apart where that is 365). So these rows are
+# compared after every step, each step from Keras' state, to this fraction
+# of each value or of the variable's largest.
+_POW_RTOL = 1e-5
 
 
 def _keras_optimizer_names():
@@ -48,30 +83,35 @@ def _make(name):
     return getattr(keras.optimizers, name)()
 
 
-@pytest.mark.parametrize("update", HOST_UPDATES, ids=lambda u: u.op_name)
-def test_host_update_rows_match_their_ops(update, native_mode):
-    """The row's slots and scalars are the registered op's inputs, in order;
-    one native run passes the kernel's own check that the op's inputs are
-    those of its kind's traits (HostApplyOp's constructor)."""
+def test_host_update_rows_are_the_native_kinds(native_mode):
+    """One row per formula of cc/core/update_formulas.h, with its slot and
+    scalar counts: the kernel refuses a kind it does not know and counts
+    that differ from its formula's (HostApplyOp's constructor)."""
     if not tf_glp.native_available():
         pytest.skip("native library not in use")
     native_mode("auto")
-    op_def = op_def_registry.get(update.op_type)
-    assert op_def is not None, update.op_type
-    resources = [arg.name for arg in op_def.input_arg if arg.type == tf.resource.as_datatype_enum]
-    assert resources == ["var", *update.slot_names]
-    names = [arg.name for arg in op_def.input_arg]
-    assert names == ["var", *update.slot_names, "grads", *update.scalar_names, "weight_decay", "decay_learning_rate"]
-    attrs = {attr.name for attr in op_def.attr}
-    assert attrs == {"N", "T", "use_weight_decay", *update.attr_names}
-    assert update.bytes_per_parameter == {0: 12, 1: 20, 2: 28}[len(update.slot_names)]  # as the C++ test
-
-    var = tf.Variable([1.0, 2.0])
-    slots = [tf.Variable([0.0, 0.0]) for _ in update.slot_names]
-    apply_host_update(update, var, slots, [tf.ones(2), tf.ones(2)], [0.1] * len(update.scalar_names),
-                      {name: True for name in update.attr_names})
-    assert np.all(np.isfinite(var.numpy()))
-    assert not np.array_equal(var.numpy(), [1.0, 2.0])
+    assert len({update.kind for update in HOST_UPDATES}) == len(HOST_UPDATES)
+    formulas = open(_FORMULAS).read()
+    listed = re.search(r"using UpdateFormulas =(.*?);", formulas, re.S).group(1)
+    assert len(re.findall(r"Formula\b", listed)) == len(HOST_UPDATES), "a HostUpdate row per formula"
+    for update in HOST_UPDATES:
+        assert f'"{update.kind}"' in formulas, update.kind
+        var = tf.Variable([1.0, 2.0])
+        slots = [tf.Variable([0.5, 0.5]) for _ in update.slot_names]
+        apply_host_update(update, var, slots, [tf.ones(2), tf.ones(2)], [0.1] * len(update.scalar_names))
+        assert np.all(np.isfinite(var.numpy())) and not np.array_equal(var.numpy(), [1.0, 2.0]), update.kind
+        library = tf_glp._native.library()
+        values = [tf.constant(0.1)] * len(update.scalar_names)
+        handles = [slot.handle for slot in slots]
+        with pytest.raises(tf.errors.InvalidArgumentError, match=f"update kind {update.kind} takes"):
+            library.glp_host_apply(var.handle, handles, [tf.ones(2)], values + [tf.constant(0.1)], 0.0, 0.0,
+                                   kind=update.kind)
+        if slots:
+            with pytest.raises(tf.errors.InvalidArgumentError, match=f"update kind {update.kind} takes"):
+                library.glp_host_apply(var.handle, handles[1:], [tf.ones(2)], values, 0.0, 0.0, kind=update.kind)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="unknown update kind 'adamx'"):
+        tf_glp._native.library().glp_host_apply(tf.Variable([1.0]).handle, [], [tf.ones(1)], [0.1], 0.0, 0.0,
+                                                kind="adamx")
 
 
 @pytest.mark.parametrize("row", FUSED_OPTIMIZER_TABLE, ids=lambda r: r.name)
@@ -89,8 +129,8 @@ def test_table_rows_give_their_updates_what_they_take(row):
         slots = row.slots(opt, 0)
         assert len(slots) == len(update.slot_names)
         assert all(isinstance(s, tf.Variable) and s.shape == var.shape for s in slots)
+        assert len({id(s) for s in slots}) == len(slots)
         assert len(row.step_scalars(opt, tf.constant(0.01))) == len(update.scalar_names)
-        assert set(row.attrs(opt)) == set(update.attr_names)
         assert update_bytes_per_parameter(opt) == update.bytes_per_parameter
     assert chosen == set(row.host_updates), "add settings to _SETTINGS that choose each update"
 
@@ -99,17 +139,24 @@ def test_fused_optimizers_names_exactly_the_table():
     names = [row.name for row in FUSED_OPTIMIZER_TABLE]
     assert len(set(names)) == len(names)
     assert FUSED_OPTIMIZERS == ", ".join(names[:-1]) + " and " + names[-1]
-    assert FUSED_OPTIMIZERS == "SGD, Adam and AdamW"  # today's table; update with it
+    assert FUSED_OPTIMIZERS == ("SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, Lion, Nadam, Ftrl "
+                                "and ScheduleFreeAdamW")  # today's table; update with it
     assert tf_glp.ops.FUSED_OPTIMIZERS is FUSED_OPTIMIZERS and "FUSED_OPTIMIZERS" in tf_glp.ops.__all__
 
 
 @pytest.mark.parametrize("name", _keras_optimizer_names())
-def test_every_keras_optimizer_is_fused_exactly_when_in_the_table(name):
+def test_every_keras_optimizer_is_fused_or_left_to_keras_with_its_reason(name):
     opt = _make(name)
     ok, why = supports_fused_update(opt)
     assert ok == (type(opt) in TABLE_CLASSES), (name, why)
+    assert ok != (name in KERAS_UPDATE_ONLY), name
     if not ok:
-        assert why == f"{name} has no fused host update ({FUSED_OPTIMIZERS} do)"
+        assert why == f"{name} has no fused host update: {KERAS_UPDATE_ONLY[name]}"
+
+
+def test_the_list_left_to_keras_is_pinned():
+    assert set(KERAS_UPDATE_ONLY) == {"Lamb", "Adafactor", "Muon", "LossScaleOptimizer", "MultiOptimizer"}
+    assert set(KERAS_UPDATE_ONLY) | {row.name for row in FUSED_OPTIMIZER_TABLE} == set(_keras_optimizer_names())
 
 
 def test_subclasses_are_not_fused_unless_listed():
@@ -124,8 +171,81 @@ def test_subclasses_are_not_fused_unless_listed():
 
 def test_bytes_per_parameter_for_the_cost_model():
     assert update_bytes_per_parameter() == 28  # no optimizer known: Adam's, as before the table
-    assert update_bytes_per_parameter(keras.optimizers.RMSprop()) == 28
+    assert update_bytes_per_parameter(keras.optimizers.Lamb()) == 28  # not fused: Adam's
+    assert update_bytes_per_parameter(keras.optimizers.RMSprop()) == 20
+    assert update_bytes_per_parameter(keras.optimizers.RMSprop(centered=True, momentum=0.9)) == 36
     assert update_bytes_per_parameter(keras.optimizers.Adam()) == 28
     assert update_bytes_per_parameter(keras.optimizers.AdamW()) == 28
     assert update_bytes_per_parameter(keras.optimizers.SGD()) == 12
     assert update_bytes_per_parameter(keras.optimizers.SGD(momentum=0.9)) == 20
+
+
+def _keras_cases():
+    """(id, make) for every row: each of _SETTINGS, and _MORE_SETTINGS with a
+    learning-rate schedule and weight decay."""
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=10, decay_rate=0.5)
+    cases = []
+    for row in FUSED_OPTIMIZER_TABLE:
+        cls = row.optimizer_class
+        for kwargs in _SETTINGS.get(row.name, [{}]):
+            cases.append((f"{row.name}{kwargs or ''}", lambda cls=cls, kwargs=kwargs: cls(0.01, **kwargs)))
+        more = dict(_MORE_SETTINGS.get(row.name, {}), weight_decay=0.05)
+        cases.append((f"{row.name}-schedule-decay{more}", lambda cls=cls, more=more: cls(schedule, **more)))
+    return cases
+
+
+@pytest.fixture
+def exact_keras():
+    """Grappler's arithmetic optimizer regroups Keras' float32 expressions
+    (seen here: 1-2 ulp per step once a model has a few variables), so Keras
+    itself then no longer computes its own formulas exactly. With it off,
+    Keras evaluates them as written, and the fused ops must match bitwise."""
+    saved = tf.config.optimizer.get_experimental_options()
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+    yield
+    tf.config.optimizer.set_experimental_options(saved)
+
+
+@pytest.mark.parametrize("case", _keras_cases(), ids=lambda case: case[0])
+def test_fused_update_matches_keras_over_30_steps(case, exact_keras):
+    """FusedKerasUpdate over 2 replicas' gradients against Keras' own apply
+    of their sum: bitwise (pow rows: _POW_TOLERANCE), slots included, with
+    one variable excluded from weight decay."""
+    _, make = case
+    rng = np.random.default_rng(7)
+    shapes = [(33, 17), (17,), (1,), (1000, 3)]
+    init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    steps = [[[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(2)] for _ in range(30)]
+
+    keras_vars = [keras.Variable(v, name=f"k{i}") for i, v in enumerate(init)]
+    fused_vars = [keras.Variable(v, name=f"f{i}") for i, v in enumerate(init)]
+    keras_opt, fused_opt = make(), make()
+    keras_opt.exclude_from_weight_decay(var_list=[keras_vars[1]])
+    fused_opt.exclude_from_weight_decay(var_list=[fused_vars[1]])
+    keras_opt.build(keras_vars)
+    fused_opt.build(fused_vars)  # outside the step, as fit builds it (ScheduleFreeAdamW's build assigns)
+    fused = FusedKerasUpdate(fused_opt)
+    row = fused_optimizer(fused_opt)
+
+    @tf.function
+    def keras_step(grads):
+        keras_opt.apply([tf.add_n(list(g)) for g in zip(*grads)], keras_vars)
+
+    @tf.function
+    def fused_step(grads):
+        fused.apply([list(g) for g in zip(*grads)], fused_vars)
+
+    exact = row.host_update(fused_opt).exact
+    keras_state, fused_state = keras_vars + keras_opt.variables, fused_vars + fused_opt.variables
+    assert len(keras_state) == len(fused_state)
+    for grads in steps:
+        keras_step(grads)
+        fused_step(grads)
+        if not exact:  # each step from Keras' state: the last bit is not amplified over steps
+            for k, f in zip(keras_state, fused_state):
+                scale = max(1.0, float(np.abs(k.numpy()).max()))
+                np.testing.assert_allclose(f.numpy(), k.numpy(), rtol=_POW_RTOL, atol=_POW_RTOL * scale)
+                f.assign(k)
+    assert int(fused_opt.iterations.numpy()) == 30
+    for k, f in zip(keras_state, fused_state):
+        np.testing.assert_array_equal(f.numpy(), k.numpy())

@@ -208,9 +208,16 @@ def uses_weight_decay(optimizer, variable) -> bool:
     return optimizer._use_weight_decay(variable)  # noqa: SLF001
 
 
-def adam_slots(optimizer, index: int):
-    """(first moment, second moment) of an Adam / AdamW variable."""
-    return optimizer._momentums[index], optimizer._velocities[index]  # noqa: SLF001
+def optimizer_slot(optimizer, attribute: str, index: int):
+    """The slot variable of the optimizer's variable `index` in its list
+    `attribute` (e.g. "_momentums"; tf_glp.ops.keras_fused names them per
+    class)."""
+    return getattr(optimizer, attribute)[index]
+
+
+def nadam_u_product(optimizer):
+    """Nadam's running product of its momentum schedule."""
+    return optimizer._u_product  # noqa: SLF001
 
 
 def built_variables(optimizer) -> list:

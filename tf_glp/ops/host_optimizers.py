@@ -6,18 +6,18 @@ cc/core/host_optimizers.h). Hyper-parameters are float32 scalars (Python
 numbers or tensors, so learning-rate schedules work); `one_minus_beta_*` are
 passed as Keras computes them (`1 - beta` in double precision, then float32).
 
-Every update runs through one skeleton, `apply_host_update`, driven by a
-`HostUpdate` row (HOST_UPDATES): its op, its slots and scalars, and its
-pure-TensorFlow fallback. The public `host_apply_*` functions name the
-arguments of one row each. See Note [Update kinds] in
-cc/core/host_optimizers.h for the C++ side of a row.
+Every update runs through one op, Glp>HostApply, and one skeleton,
+`apply_host_update`, driven by a `HostUpdate` row (HOST_UPDATES): its kind,
+its slots and scalars, and its pure-TensorFlow fallback. The public
+`host_apply_*` functions name the arguments of the first rows. See Note
+[Update formulas] in cc/core/update_formulas.h for the C++ side of a row.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
@@ -63,63 +63,36 @@ def _apply_decay(var: tf.Variable, use: bool, rate: tf.Tensor, lr: tf.Tensor) ->
         var.assign_sub(var * rate * lr)
 
 
-# The fallbacks: each row's formula in TensorFlow ops, in the order the
-# native kernel evaluates it (Note [Deterministic accumulation] in
-# cc/core/kernels.h), so that both paths give the same bits. Called after
-# weight decay with the in-order sum `g`, the slots and the float32 scalars.
-
-def _sgd_fallback(var, slots, g, scalars, attrs) -> None:
-    (lr,) = scalars
-    var.assign_sub(g * lr)
-
-
-def _momentum_fallback(var, slots, g, scalars, attrs) -> None:
-    (momentum_slot,), (lr, mom) = slots, scalars
-    momentum_slot.assign(momentum_slot * mom - g * lr)
-    if attrs["nesterov"]:
-        var.assign_add(momentum_slot * mom - g * lr)
-    else:
-        var.assign_add(momentum_slot)
-
-
-def _adam_fallback(var, slots, g, scalars, attrs) -> None:
-    (m, v), (a, c1, c2, eps) = slots, scalars
-    m.assign_add((g - m) * c1)
-    v.assign_add((tf.square(g) - v) * c2)
-    var.assign_sub((m * a) / (tf.sqrt(v) + eps))
-
-
 @dataclasses.dataclass(frozen=True)
 class HostUpdate:
-    """One fused host update: a Glp>HostApply* op and its fallback.
+    """One fused host update kind: its Glp>HostApply `kind` and its fallback.
 
-    Its native side is one row of kUpdateTraits (Note [Update kinds] in
-    cc/core/host_optimizers.h); tests/ops/test_fused_table.py checks that the
-    two agree.
+    Its native side is one formula in cc/core/update_formulas.h (Note [Update
+    formulas]); tests/ops/test_fused_table.py checks that the two agree.
 
     Attributes:
-        op_name: The public function's name, used in messages.
-        op_type: The registered op (cc/tf/ops/host_ops.cc).
-        native_function: The op's function in the loaded library.
-        slot_names: The slot variables the op takes after `var`, in its
-            order (its input names).
-        scalar_names: Its hyper-parameters, in its order (its input names);
-            weight_decay and decay_learning_rate follow in every op.
-        attr_names: Its boolean attributes besides use_weight_decay.
-        fallback: The formula in TensorFlow ops (see above).
+        kind: The formula's name (the op's `kind` attribute).
+        slot_names: The slot variables the update takes after `var`, in its
+            order.
+        scalar_names: Its hyper-parameters, in its order (the formula's
+            names); weight_decay and decay_learning_rate follow in every op.
+        fallback: The formula in TensorFlow ops: (var, slots, g, scalars),
+            called after weight decay with the in-order sum `g`, its lines
+            in the formula's order, so that both paths give the same bits.
+        exact: Whether the fallback gives the native op's bits (False where
+            the formula calls pow: TensorFlow's and the C library's may
+            differ in the last bit).
 
     Example:
         >>> ADAM_UPDATE.slot_names, ADAM_UPDATE.bytes_per_parameter
         (('m', 'v'), 28)
     """
 
-    op_name: str
-    op_type: str
-    native_function: str
+    kind: str
     slot_names: tuple[str, ...]
     scalar_names: tuple[str, ...]
     fallback: Callable[..., None]
-    attr_names: tuple[str, ...] = ()
+    exact: bool = True
 
     @property
     def bytes_per_parameter(self) -> int:
@@ -129,15 +102,144 @@ class HostUpdate:
         return 4 + 2 * 4 * (1 + len(self.slot_names))
 
 
-SGD_UPDATE = HostUpdate("host_apply_sgd", "Glp>HostApplySgd", "glp_host_apply_sgd",
-                        (), ("learning_rate",), _sgd_fallback)
-MOMENTUM_UPDATE = HostUpdate("host_apply_momentum", "Glp>HostApplyMomentum", "glp_host_apply_momentum",
-                             ("momentum_slot",), ("learning_rate", "momentum"), _momentum_fallback,
-                             attr_names=("nesterov",))
-ADAM_UPDATE = HostUpdate("host_apply_adam", "Glp>HostApplyAdam", "glp_host_apply_adam",
-                         ("m", "v"), ("alpha", "one_minus_beta_1", "one_minus_beta_2", "epsilon"),
-                         _adam_fallback)
-HOST_UPDATES = (SGD_UPDATE, MOMENTUM_UPDATE, ADAM_UPDATE)
+# The rows: each the fallback of one formula of cc/core/update_formulas.h
+# (its lines in the same order) and its HostUpdate.
+
+def _sgd(var, slots, g, s) -> None:
+    (lr,) = s
+    var.assign(var - g * lr)
+
+
+def _momentum(nesterov: bool):
+    def step(var, slots, g, s) -> None:
+        (m,), (lr, momentum) = slots, s
+        m.assign(m * momentum - g * lr)
+        var.assign(var + (m * momentum - g * lr) if nesterov else var + m)
+    return step
+
+
+def _adam(amsgrad: bool):
+    def step(var, slots, g, s) -> None:
+        (m, v, *v_hat), (alpha, c1, c2, epsilon) = slots, s
+        m.assign(m + (g - m) * c1)
+        v.assign(v + (g * g - v) * c2)
+        if amsgrad:
+            v_hat[0].assign(tf.maximum(v_hat[0], v))
+            v = v_hat[0]
+        var.assign(var - (m * alpha) / (tf.sqrt(v) + epsilon))
+    return step
+
+
+def _rmsprop(centered: bool, momentum: bool):
+    def step(var, slots, g, s) -> None:
+        velocity, (lr, rho, one_minus_rho, epsilon, momentum_rate) = slots[0], s
+        velocity.assign(rho * velocity + one_minus_rho * (g * g))
+        denominator = velocity + epsilon
+        if centered:
+            average_grad = slots[1]
+            average_grad.assign(rho * average_grad + one_minus_rho * g)
+            denominator = velocity - average_grad * average_grad + epsilon
+        increment = (lr * g) / tf.sqrt(denominator)
+        if momentum:
+            slots[-1].assign(momentum_rate * slots[-1] + increment)
+            var.assign(var - slots[-1])
+        else:
+            var.assign(var - increment)
+    return step
+
+
+def _adagrad(var, slots, g, s) -> None:
+    (accumulator,), (lr, epsilon) = slots, s
+    accumulator.assign(accumulator + g * g)
+    var.assign(var - (lr * g) / tf.sqrt(accumulator + epsilon))
+
+
+def _adamax(var, slots, g, s) -> None:
+    (m, u), (lr, c1, beta_2, bias, epsilon) = slots, s
+    m.assign(m + (g - m) * c1)
+    u.assign(tf.maximum(beta_2 * u, tf.abs(g)))
+    var.assign(var - (lr * m) / (bias * (u + epsilon)))
+
+
+def _adadelta(var, slots, g, s) -> None:
+    (accumulated_grad, accumulated_delta), (lr, rho, one_minus_rho, epsilon) = slots, s
+    accumulated_grad.assign(rho * accumulated_grad + one_minus_rho * (g * g))
+    delta = -((tf.sqrt(accumulated_delta + epsilon) * g) / tf.sqrt(accumulated_grad + epsilon))
+    accumulated_delta.assign(rho * accumulated_delta + one_minus_rho * (delta * delta))
+    var.assign(var + lr * delta)
+
+
+def _lion(var, slots, g, s) -> None:
+    (m,), (lr, beta_1, c1, beta_2, c2) = slots, s
+    var.assign(var - lr * tf.sign(m * beta_1 + g * c1))
+    m.assign(m * beta_2 + g * c2)
+
+
+def _nadam(var, slots, g, s) -> None:
+    (m, v), (lr, c1, c2, u_t_1, d1, one_minus_u_t, d2, bias_2, epsilon) = slots, s
+    m.assign(m + (g - m) * c1)
+    v.assign(v + (g * g - v) * c2)
+    m_hat = (u_t_1 * m) / d1 + (one_minus_u_t * g) / d2
+    v_hat = v / bias_2
+    var.assign(var - (m_hat * lr) / (tf.sqrt(v_hat) + epsilon))
+
+
+def _ftrl(var, slots, g, s) -> None:
+    (accumulator, linear), (lr, two_l2_shrinkage, power, two_l2, low, high) = slots, s
+    grad_to_use = g + two_l2_shrinkage * var
+    new_accumulator = accumulator + g * g
+    new_power = tf.pow(new_accumulator, power)
+    linear.assign(linear + (grad_to_use - ((new_power - tf.pow(accumulator, power)) / lr) * var))
+    quadratic = new_power / lr + two_l2
+    linear_clipped = tf.minimum(tf.maximum(linear, low), high)
+    var.assign((linear_clipped - linear) / quadratic)
+    accumulator.assign(new_accumulator)
+
+
+def _schedule_free_adamw(var, slots, g, s) -> None:
+    (momentum, velocity), (lr, c2, bias_2, epsilon, c1, beta_1, inverse_beta_1, one_minus_weight, weight) = slots, s
+    velocity.assign(velocity + (g * g - velocity) * c2)
+    denominator = tf.sqrt(velocity / bias_2) + epsilon
+    momentum.assign(momentum - (lr * g) / denominator)
+    x_old = (var - c1 * momentum) * inverse_beta_1  # as TensorFlow runs Keras' line (update_formulas.h)
+    x_new = one_minus_weight * x_old + weight * momentum
+    var.assign(c1 * momentum + beta_1 * x_new)
+
+
+_ADAM_SCALARS = ("alpha", "1 - beta_1", "1 - beta_2", "epsilon")
+_RMSPROP_SCALARS = ("learning_rate", "rho", "1 - rho", "epsilon", "momentum")
+SGD_UPDATE = HostUpdate("sgd", (), ("learning_rate",), _sgd)
+MOMENTUM_UPDATE = HostUpdate("momentum", ("momentum_slot",), ("learning_rate", "momentum"), _momentum(False))
+NESTEROV_UPDATE = HostUpdate("nesterov", ("momentum_slot",), ("learning_rate", "momentum"), _momentum(True))
+ADAM_UPDATE = HostUpdate("adam", ("m", "v"), _ADAM_SCALARS, _adam(False))
+HOST_UPDATES = (
+    SGD_UPDATE,
+    MOMENTUM_UPDATE,
+    NESTEROV_UPDATE,
+    ADAM_UPDATE,
+    HostUpdate("adam_amsgrad", ("m", "v", "v_hat"), _ADAM_SCALARS, _adam(True)),
+    HostUpdate("rmsprop", ("velocity",), _RMSPROP_SCALARS, _rmsprop(False, False)),
+    HostUpdate("rmsprop_momentum", ("velocity", "momentum"), _RMSPROP_SCALARS, _rmsprop(False, True)),
+    HostUpdate("rmsprop_centered", ("velocity", "average_gradient"), _RMSPROP_SCALARS, _rmsprop(True, False)),
+    HostUpdate("rmsprop_centered_momentum", ("velocity", "average_gradient", "momentum"), _RMSPROP_SCALARS,
+               _rmsprop(True, True)),
+    HostUpdate("adagrad", ("accumulator",), ("learning_rate", "epsilon"), _adagrad),
+    HostUpdate("adamax", ("m", "u"), ("learning_rate", "1 - beta_1", "beta_2", "1 - beta_1^t", "epsilon"), _adamax),
+    HostUpdate("adadelta", ("accumulated_grad", "accumulated_delta_var"),
+               ("learning_rate", "rho", "1 - rho", "epsilon"), _adadelta),
+    HostUpdate("lion", ("momentum",), ("learning_rate", "beta_1", "1 - beta_1", "beta_2", "1 - beta_2"), _lion),
+    HostUpdate("nadam", ("momentum", "velocity"),
+               ("learning_rate", "1 - beta_1", "1 - beta_2", "u_t_1", "1 - u_product_t_1", "1 - u_t",
+                "1 - u_product_t", "1 - beta_2^t", "epsilon"), _nadam),
+    HostUpdate("ftrl", ("accumulator", "linear"),
+               ("learning_rate", "2 * l2_shrinkage", "-learning_rate_power", "2 * l2", "-l1", "l1"), _ftrl,
+               exact=False),
+    HostUpdate("schedule_free_adamw", ("momentum", "velocity"),
+               ("learning_rate", "1 - beta_2", "1 - beta_2^t", "epsilon", "1 - beta_1", "beta_1", "1 / beta_1",
+                "1 - 1/t", "1/t"),
+               _schedule_free_adamw),
+)
+HOST_UPDATES_BY_KIND = {update.kind: update for update in HOST_UPDATES}
 
 
 def apply_host_update(
@@ -146,21 +248,20 @@ def apply_host_update(
     slots: Sequence[tf.Variable],
     grads: Sequence[tf.Tensor],
     scalars: Sequence,
-    attrs: Mapping[str, bool] | None = None,
     weight_decay=None,
     decay_learning_rate=None,
 ) -> None:
-    """Runs `update` on `var`: the native op if loaded, else its fallback.
+    """Runs `update` on `var`: the native op (Glp>HostApply) if loaded, else
+    its fallback.
 
     Args:
-        update: The HostUpdate row.
+        update: The HostUpdate row (one of HOST_UPDATES).
         var: float32 variable on the host.
         slots: One float32 variable of `var`'s shape per
             `update.slot_names`, updated in place.
         grads: Non-empty list of gradients (float32/bfloat16/float16), summed
             in float32 in list order.
         scalars: One float32 scalar per `update.scalar_names`.
-        attrs: A bool per `update.attr_names`. Defaults to `None` (none).
         weight_decay: As in host_apply_sgd. Defaults to `None`.
         decay_learning_rate: As in host_apply_sgd. Defaults to `None`.
 
@@ -168,11 +269,10 @@ def apply_host_update(
         >>> v = tf.Variable([1.0, 2.0])
         >>> apply_host_update(SGD_UPDATE, v, [], [tf.ones(2)], [0.5])
     """
-    op_name = update.op_name
+    op_name = f"host_apply_{update.kind}"
     if len(slots) != len(update.slot_names) or len(scalars) != len(update.scalar_names):
         raise ValueError(f"{op_name}: takes {len(update.slot_names)} slots and {len(update.scalar_names)} "
                          f"scalars, got {len(slots)} and {len(scalars)}")
-    attrs = {name: bool((attrs or {}).get(name, False)) for name in update.attr_names}
     with tf.device("/cpu:0"):
         grads = as_float_tensors(grads, op_name, "grads")
         _check_variables(op_name, {"var": var, **dict(zip(update.slot_names, slots))}, grads)
@@ -180,14 +280,13 @@ def apply_host_update(
         use, rate, decay_lr = _decay_inputs(weight_decay, decay_learning_rate, op_name)
         native = _native.library()
         if native is not None:
-            getattr(native, update.native_function)(
-                var.handle, *(slot.handle for slot in slots), grads, *values, rate, decay_lr,
-                use_weight_decay=use, **attrs)
+            native.glp_host_apply(var.handle, [slot.handle for slot in slots], grads, values, rate, decay_lr,
+                                  kind=update.kind, use_weight_decay=use)
             return
         _check_finite_fallback(op_name, **dict(zip(update.scalar_names, values)),
                                weight_decay=rate, decay_learning_rate=decay_lr)
         _apply_decay(var, use, rate, decay_lr)
-        update.fallback(var, list(slots), sum_in_order(grads), values, attrs)
+        update.fallback(var, list(slots), sum_in_order(grads), values)
 
 
 @tf.autograph.experimental.do_not_convert  # Note [No AutoGraph in tf_glp]
@@ -257,8 +356,8 @@ def host_apply_momentum(
         >>> v.numpy(), m.numpy()
         (array([0.9], dtype=float32), array([-0.1], dtype=float32))
     """
-    apply_host_update(MOMENTUM_UPDATE, var, [momentum_slot], grads, [learning_rate, momentum],
-                      {"nesterov": nesterov}, weight_decay=weight_decay,
+    apply_host_update(NESTEROV_UPDATE if nesterov else MOMENTUM_UPDATE, var, [momentum_slot], grads,
+                      [learning_rate, momentum], weight_decay=weight_decay,
                       decay_learning_rate=decay_learning_rate)
 
 

@@ -15,8 +15,8 @@ Each fused Keras optimizer class is one FusedOptimizer row: which HostUpdate
 op's order, and its scalars computed the way Keras computes them. Classes
 match exactly: a subclass may change the update (AdamW, a subclass of Adam,
 has its own row). Fusing another Keras optimizer adds a row here and, for a
-new formula, a HostUpdate row and its native kind (Note [Update kinds] in
-cc/core/host_optimizers.h).
+new formula, a HostUpdate row (tf_glp/ops/host_optimizers.py) and its
+formula (Note [Update formulas] in cc/core/update_formulas.h): three files.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ import tensorflow as tf
 from tf_glp._keras import compat
 from tf_glp.ops.host_optimizers import (
     ADAM_UPDATE,
+    HOST_UPDATES_BY_KIND,
     MOMENTUM_UPDATE,
+    NESTEROV_UPDATE,
     SGD_UPDATE,
     HostUpdate,
     apply_host_update,
@@ -47,71 +49,181 @@ class FusedOptimizer:
         optimizer_class: The Keras class, matched exactly.
         host_updates: Every HostUpdate the class may use.
         host_update: optimizer -> the HostUpdate its settings use.
-        slots: (optimizer, variable index) -> that variable's slot
-            variables (tf.Variables), in the update's `slot_names` order.
+        slot_attributes: optimizer -> the optimizer's lists of slot
+            variables (the names of its attributes, e.g. "_momentums"), in
+            the update's `slot_names` order.
         step_scalars: (optimizer, float32 learning rate) -> the update's
             scalars for this step, computed as Keras computes them (once per
             step, before `iterations` is incremented).
-        attrs: optimizer -> the update's attributes (`attr_names`).
+        before_step: What Keras' own `_backend_update_step` of the class
+            does before its per-variable updates (Nadam's `u_product`); run
+            by FusedKerasUpdate when it replaces the whole `apply` (with
+            update_step_only, Keras runs it itself). Default: nothing.
 
     Example:
         >>> row = fused_optimizer(keras.optimizers.SGD(0.1, momentum=0.9))
-        >>> row.host_update(keras.optimizers.SGD(0.1, momentum=0.9)).op_name
-        'host_apply_momentum'
+        >>> row.host_update(keras.optimizers.SGD(0.1, momentum=0.9)).kind
+        'momentum'
     """
 
     optimizer_class: type
     host_updates: tuple[HostUpdate, ...]
     host_update: Callable[[keras.optimizers.Optimizer], HostUpdate]
-    slots: Callable[[keras.optimizers.Optimizer, int], tuple]
+    slot_attributes: Callable[[keras.optimizers.Optimizer], tuple[str, ...]]
     step_scalars: Callable[[keras.optimizers.Optimizer, tf.Tensor], tuple]
-    attrs: Callable[[keras.optimizers.Optimizer], dict] = lambda optimizer: {}
+    before_step: Callable[[keras.optimizers.Optimizer], None] = lambda optimizer: None
 
     @property
     def name(self) -> str:
         return self.optimizer_class.__name__
 
-
-def _sgd_update(opt) -> HostUpdate:
-    return MOMENTUM_UPDATE if opt.momentum != 0 else SGD_UPDATE
-
-
-_SGD = FusedOptimizer(
-    keras.optimizers.SGD,
-    host_updates=(SGD_UPDATE, MOMENTUM_UPDATE),
-    host_update=_sgd_update,
-    slots=lambda opt, index: (opt.momentums[index].value,) if opt.momentum != 0 else (),
-    step_scalars=lambda opt, lr: (lr, opt.momentum) if opt.momentum != 0 else (lr,),
-    attrs=lambda opt: {"nesterov": opt.nesterov} if opt.momentum != 0 else {},
-)
+    def slots(self, optimizer, index: int) -> tuple:
+        """The slot variables (tf.Variables) of the optimizer's variable
+        `index`, in the update's order."""
+        return tuple(compat.optimizer_slot(optimizer, attribute, index).value
+                     for attribute in self.slot_attributes(optimizer))
 
 
-def _adam_slots(opt, index: int) -> tuple:
-    first_moment, second_moment = compat.adam_slots(opt, index)
-    return first_moment.value, second_moment.value
+def _one(update: HostUpdate, slot_attributes: tuple[str, ...], step_scalars) -> dict:
+    """The fields of a row with a single HostUpdate."""
+    return dict(host_updates=(update,), host_update=lambda opt: update,
+                slot_attributes=lambda opt: slot_attributes, step_scalars=step_scalars)
 
 
-def _adam_scalars(opt, lr: tf.Tensor) -> tuple:
+def _float32(value) -> tf.Tensor:
+    return tf.cast(value, tf.float32)
+
+
+def _local_step(opt, ahead: int = 1) -> tf.Tensor:
+    return _float32(opt.iterations + ahead)
+
+
+# Each function below computes a class's scalars as its update_step does,
+# in float32 (Keras casts to the variable's dtype, float32 here); a Python
+# number that Keras hands to an op as it is (`1 - self.beta_1`) is passed as
+# a Python number, which becomes float32 the same way.
+
+def _sgd(opt, lr) -> tuple:
+    return (lr, opt.momentum) if opt.momentum != 0 else (lr,)
+
+
+def _adam(opt, lr) -> tuple:
     # Keras' bias correction folded into the learning rate (alpha).
-    local_step = tf.cast(opt.iterations + 1, tf.float32)
-    beta_1_power = tf.pow(tf.cast(opt.beta_1, tf.float32), local_step)
-    beta_2_power = tf.pow(tf.cast(opt.beta_2, tf.float32), local_step)
+    local_step = _local_step(opt)
+    beta_1_power = tf.pow(_float32(opt.beta_1), local_step)
+    beta_2_power = tf.pow(_float32(opt.beta_2), local_step)
     alpha = lr * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
     return alpha, 1 - opt.beta_1, 1 - opt.beta_2, opt.epsilon
 
 
+def _rmsprop_update(opt) -> HostUpdate:
+    kind = "rmsprop" + ("_centered" if opt.centered else "") + ("_momentum" if opt.momentum > 0 else "")
+    return HOST_UPDATES_BY_KIND[kind]
+
+
+def _rmsprop_slots(opt) -> tuple[str, ...]:
+    return (("_velocities",) + (("_average_gradients",) if opt.centered else ())
+            + (("_momentums",) if opt.momentum > 0 else ()))
+
+
+def _adamax(opt, lr) -> tuple:
+    beta_1_power = tf.pow(_float32(opt.beta_1), _local_step(opt))
+    return lr, 1 - opt.beta_1, opt.beta_2, 1 - beta_1_power, opt.epsilon
+
+
+def _lion(opt, lr) -> tuple:
+    beta_1, beta_2 = _float32(opt.beta_1), _float32(opt.beta_2)
+    return lr, beta_1, 1.0 - beta_1, beta_2, 1.0 - beta_2
+
+
+def _nadam_u_product(opt) -> None:
+    # Nadam._backend_update_step, before its per-variable updates.
+    u_product = compat.nadam_u_product(opt)
+    u_product.assign(u_product * opt.beta_1 * (1.0 - 0.5 * tf.pow(0.96, _float32(opt.iterations + 1))))
+
+
+def _nadam(opt, lr) -> tuple:
+    local_step, next_step = _local_step(opt), _local_step(opt, 2)
+    decay = _float32(0.96)
+    beta_1, beta_2 = _float32(opt.beta_1), _float32(opt.beta_2)
+    u_t = beta_1 * (1.0 - 0.5 * tf.pow(decay, local_step))
+    u_t_1 = beta_1 * (1.0 - 0.5 * tf.pow(decay, next_step))
+    u_product_t = _float32(compat.nadam_u_product(opt))
+    u_product_t_1 = u_product_t * u_t_1
+    beta_2_power = tf.pow(beta_2, local_step)
+    return (lr, 1 - beta_1, 1 - beta_2, u_t_1, 1 - u_product_t_1, 1 - u_t, 1 - u_product_t,
+            1 - beta_2_power, opt.epsilon)
+
+
+def _ftrl(opt, lr) -> tuple:
+    l2_reg = opt.l2_regularization_strength + opt.beta / (2.0 * lr)
+    l1 = opt.l1_regularization_strength
+    return lr, 2 * opt.l2_shrinkage_regularization_strength, -opt.learning_rate_power, 2 * l2_reg, -l1, l1
+
+
+def _schedule_free_adamw(opt, lr) -> tuple:
+    local_step = _local_step(opt)
+    beta_1, beta_2 = _float32(opt.beta_1), _float32(opt.beta_2)
+    if opt.warmup_steps > 0:
+        lr = lr * tf.minimum(local_step / _float32(opt.warmup_steps), 1.0)
+    weight = 1.0 / local_step
+    return (lr, 1 - beta_2, 1 - tf.pow(beta_2, local_step), _float32(opt.epsilon), 1 - beta_1, beta_1,
+            1.0 / beta_1, 1 - weight, weight)
+
+
+_ADAM_SLOTS = ("_momentums", "_velocities")
+_AMSGRAD = HOST_UPDATES_BY_KIND["adam_amsgrad"]
+
+
 def _adam_like(optimizer_class: type) -> FusedOptimizer:
-    return FusedOptimizer(optimizer_class, host_updates=(ADAM_UPDATE,), host_update=lambda opt: ADAM_UPDATE,
-                          slots=_adam_slots, step_scalars=_adam_scalars)
+    return FusedOptimizer(
+        optimizer_class, host_updates=(ADAM_UPDATE, _AMSGRAD),
+        host_update=lambda opt: _AMSGRAD if opt.amsgrad else ADAM_UPDATE,
+        slot_attributes=lambda opt: _ADAM_SLOTS + (("_velocity_hats",) if opt.amsgrad else ()),
+        step_scalars=_adam)
 
 
 # The Keras optimizers with a fused host update, in the order messages name
 # them.
 FUSED_OPTIMIZER_TABLE: tuple[FusedOptimizer, ...] = (
-    _SGD,
+    FusedOptimizer(keras.optimizers.SGD, host_updates=(SGD_UPDATE, MOMENTUM_UPDATE, NESTEROV_UPDATE),
+                   host_update=lambda opt: (SGD_UPDATE if opt.momentum == 0 else
+                                            NESTEROV_UPDATE if opt.nesterov else MOMENTUM_UPDATE),
+                   slot_attributes=lambda opt: ("momentums",) if opt.momentum != 0 else (),
+                   step_scalars=_sgd),
     _adam_like(keras.optimizers.Adam),
     _adam_like(keras.optimizers.AdamW),  # its weight decay: Keras' own, as for every optimizer
+    FusedOptimizer(keras.optimizers.RMSprop,
+                   host_updates=tuple(HOST_UPDATES_BY_KIND[kind] for kind in (
+                       "rmsprop", "rmsprop_momentum", "rmsprop_centered", "rmsprop_centered_momentum")),
+                   host_update=_rmsprop_update, slot_attributes=_rmsprop_slots,
+                   step_scalars=lambda opt, lr: (lr, opt.rho, 1 - opt.rho, opt.epsilon, opt.momentum)),
+    FusedOptimizer(keras.optimizers.Adagrad, **_one(HOST_UPDATES_BY_KIND["adagrad"], ("_accumulators",),
+                                                    lambda opt, lr: (lr, opt.epsilon))),
+    FusedOptimizer(keras.optimizers.Adamax, **_one(HOST_UPDATES_BY_KIND["adamax"], ("_m", "_u"), _adamax)),
+    FusedOptimizer(keras.optimizers.Adadelta, **_one(
+        HOST_UPDATES_BY_KIND["adadelta"], ("_accumulated_grads", "_accumulated_delta_vars"),
+        lambda opt, lr: (lr, opt.rho, 1 - opt.rho, opt.epsilon))),
+    FusedOptimizer(keras.optimizers.Lion, **_one(HOST_UPDATES_BY_KIND["lion"], ("_momentums",), _lion)),
+    FusedOptimizer(keras.optimizers.Nadam, **_one(HOST_UPDATES_BY_KIND["nadam"], _ADAM_SLOTS, _nadam),
+                   before_step=_nadam_u_product),
+    FusedOptimizer(keras.optimizers.Ftrl, **_one(HOST_UPDATES_BY_KIND["ftrl"], ("_accumulators", "_linears"),
+                                                 _ftrl)),
+    FusedOptimizer(keras.optimizers.ScheduleFreeAdamW, **_one(
+        HOST_UPDATES_BY_KIND["schedule_free_adamw"], _ADAM_SLOTS, _schedule_free_adamw)),
 )
+
+# The Keras optimizers left to Keras' own update, and why (explain() and
+# docs/strategy.md name them; tests/ops/test_fused_table.py pins the list
+# against keras.optimizers).
+KERAS_UPDATE_ONLY: dict[str, str] = {
+    "Lamb": "its trust ratio needs two norms of the whole variable before any weight is written "
+            "(a second pass, not built yet)",
+    "Adafactor": "its factored second moments are row and column means (reductions, not built yet)",
+    "Muon": "its Newton-Schulz iterations are matrix products, not an elementwise update",
+    "LossScaleOptimizer": "a wrapper: the optimizer it wraps runs its own update, fused where that one is",
+    "MultiOptimizer": "a wrapper: each optimizer it holds runs its own update, fused where that one is",
+}
 
 
 def _names(names: list[str]) -> str:
@@ -172,9 +284,10 @@ def supports_fused_update(optimizer: keras.optimizers.Optimizer, variables=None,
         True
     """
     if fused_optimizer(optimizer) is None:
-        return False, f"{type(optimizer).__name__} has no fused host update ({FUSED_OPTIMIZERS} do)"
-    if getattr(optimizer, "amsgrad", False):
-        return False, "amsgrad=True has no fused host update"
+        name = type(optimizer).__name__
+        if name in KERAS_UPDATE_ONLY and type(optimizer) is getattr(keras.optimizers, name, None):
+            return False, f"{name} has no fused host update: {KERAS_UPDATE_ONLY[name]}"
+        return False, f"{name} has no fused host update ({FUSED_OPTIMIZERS} do)"
     if variables is not None and any(v.dtype != "float32" for v in variables):
         return False, "not every trainable variable is float32"
     if update_step_only:
@@ -236,7 +349,9 @@ class FusedKerasUpdate:
         # iterations is incremented; weight decay uses the same value.
         lr = tf.cast(opt.learning_rate, tf.float32)
         row = self._row
-        update, scalars, attrs = row.host_update(opt), row.step_scalars(opt, lr), row.attrs(opt)
+        if not self.update_step_only:
+            row.before_step(opt)
+        update, scalars = row.host_update(opt), row.step_scalars(opt, lr)
         for grads, variable in zip(grads_per_variable, variables):
             grads = [g for g in grads if g is not None]
             if not grads:
@@ -249,7 +364,7 @@ class FusedKerasUpdate:
             # A Keras variable's tf.Variable; a plain tf.Variable as it is
             # (its `.value` is a method).
             target = variable.value if isinstance(variable, keras.Variable) else variable
-            apply_host_update(update, target, row.slots(opt, index), grads, scalars, attrs,
+            apply_host_update(update, target, row.slots(opt, index), grads, scalars,
                               weight_decay=decay, decay_learning_rate=lr)
         if increment_iterations:
             opt.iterations.assign_add(1)

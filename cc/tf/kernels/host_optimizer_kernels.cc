@@ -1,5 +1,6 @@
-// Glp>HostApplySgd / HostApplyMomentum / HostApplyAdam, one kernel shaped by
-// each update kind's traits (Note [Update kinds] in core/host_optimizers.h):
+// Glp>HostApply, one kernel for every update kind, shaped by the kind's traits
+// (Note [Update formulas] in core/update_formulas.h, traits in
+// core/host_optimizers.h):
 // lock the variables, check shapes and dtypes, make the buffers safe to
 // write (a shared parameter is written to a fresh buffer, Note [Writing a
 // shared parameter]), then core::HostApplyUpdate.
@@ -102,8 +103,8 @@ float ScalarInput(OpKernelContext* ctx, int index) {
 }
 
 // The inputs' names in errors: the parameter, then the slots.
-constexpr const char* kVariableNames[1 + core::kMaxSlots] = {"var", "slot 1",
-                                                             "slot 2"};
+constexpr const char* kVariableNames[1 + core::kMaxSlots] = {"var", "slot 1", "slot 2",
+                                                             "slot 3"};
 
 // Every input from `first_scalar` on is a scalar (float32: the op's type).
 absl::Status CheckScalarInputs(OpKernelContext* ctx, int first_scalar) {
@@ -156,50 +157,41 @@ float* Data(const Tensor& tensor) {
   return reinterpret_cast<float*>(const_cast<char*>(tensor.tensor_data().data()));
 }
 
-// One kernel for every Glp>HostApply* op, shaped by the update kind's traits
-// (Note [Update kinds] in cc/core/host_optimizers.h). Its inputs: the
-// parameter's and the slots' resource handles, the N gradients, the kind's
-// scalars, then weight_decay and decay_learning_rate. kNesterovKind: the kind
-// an op with a `nesterov` attribute runs when it is set (the same traits).
-template <core::UpdateKind kKind, core::UpdateKind kNesterovKind = kKind>
+// The kernel of Glp>HostApply. Its inputs: the parameter's and the slots'
+// resource handles, the N gradients, the kind's scalars, then weight_decay
+// and decay_learning_rate.
 class HostApplyOp : public OpKernel {
  public:
-  static constexpr const core::UpdateTraits& kTraits =
-      core::kUpdateTraits[static_cast<int>(kKind)];
-  static constexpr int kNumVariables = 1 + kTraits.slots;
-  static_assert(kTraits.slots == core::kUpdateTraits[static_cast<int>(kNesterovKind)].slots &&
-                    kTraits.scalars == core::kUpdateTraits[static_cast<int>(kNesterovKind)].scalars,
-                "an op's kinds take the same inputs");
-
-  explicit HostApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx), kind_(kKind) {
+  explicit HostApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string kind;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("kind", &kind));
+    kind_ = core::FindUpdateKind(kind);
+    OP_REQUIRES(ctx, kind_ >= 0,
+                absl::InvalidArgumentError(absl::StrCat(name(), ": unknown update kind '", kind, "'")));
+    traits_ = &core::kUpdateTraits[kind_];
     OP_REQUIRES_OK(ctx, ctx->GetAttr("use_weight_decay", &use_weight_decay_));
     tensorflow::DataType grad_type;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &grad_type));
     grad_dtype_ = *ToCoreDType(grad_type);
-    if (kNesterovKind != kKind) {
-      bool nesterov;
-      OP_REQUIRES_OK(ctx, ctx->GetAttr("nesterov", &nesterov));
-      if (nesterov) kind_ = kNesterovKind;
-    }
-    // The op's registration (cc/tf/ops/host_ops.cc) and the traits must
-    // agree on the inputs, or Compute would read the wrong ones.
-    int num_grads;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &num_grads));
-    OP_REQUIRES(ctx, ctx->num_inputs() == kNumVariables + num_grads + kTraits.scalars + 2,
-                absl::InternalError(absl::StrCat(
-                    name(), ": the op has ", ctx->num_inputs(), " inputs but update kind ",
-                    kTraits.name, " expects ", kNumVariables + num_grads + kTraits.scalars + 2)));
+    int num_slots, num_scalars;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_slots", &num_slots));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_scalars", &num_scalars));
+    OP_REQUIRES(ctx, num_slots == traits_->slots && num_scalars == traits_->scalars,
+                absl::InvalidArgumentError(absl::StrCat(
+                    name(), ": update kind ", kind, " takes ", traits_->slots, " slots and ",
+                    traits_->scalars, " scalars, got ", num_slots, " and ", num_scalars)));
+    num_variables_ = 1 + num_slots;
   }
 
   void Compute(OpKernelContext* ctx) override {
     OpInputList grads;
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
-    const int first_scalar = kNumVariables + grads.size();
+    const int first_scalar = num_variables_ + grads.size();
     absl::Status status = CheckScalarInputs(ctx, first_scalar);
     OP_REQUIRES(ctx, status.ok(), status);
     LockedVariables locked;
-    OP_REQUIRES_OK(ctx, locked.Lock(ctx, kNumVariables, kVariableNames));
-    status = CheckVariablesAndGradients(ctx, locked, kNumVariables, grads);
+    OP_REQUIRES_OK(ctx, locked.Lock(ctx, num_variables_, kVariableNames));
+    status = CheckVariablesAndGradients(ctx, locked, num_variables_, grads);
     OP_REQUIRES(ctx, status.ok(), status);
     const Tensor& param = *locked.var(0)->tensor();
     // The parameter: see Note [Writing a shared parameter]. The slots are
@@ -211,7 +203,7 @@ class HostApplyOp : public OpKernel {
     if (param_shared) {
       OP_REQUIRES_OK(ctx, ctx->allocate_temp(param.dtype(), param.shape(), &fresh_param));
     }
-    for (int i = 1; i < kNumVariables; ++i) {
+    for (int i = 1; i < num_variables_; ++i) {
       OP_REQUIRES_OK(ctx, MakeWritable(ctx, locked.var(i)));
     }
 
@@ -230,9 +222,12 @@ class HostApplyOp : public OpKernel {
       a.param_source = a.param;
       a.param = Data(fresh_param);
     }
-    float** const slots[core::kMaxSlots] = {&a.slot0, &a.slot1};
-    for (int i = 0; i < kTraits.slots; ++i) *slots[i] = Data(*locked.var(1 + i)->tensor());
-    ReadScalars(ctx, first_scalar, a);
+    for (int i = 0; i < traits_->slots; ++i) a.slots[i] = Data(*locked.var(1 + i)->tensor());
+    int s = first_scalar;
+    for (int k = 0; k < traits_->scalars; ++k) a.scalars[k] = ScalarInput(ctx, s++);
+    a.weight_decay = use_weight_decay_;
+    a.decay_rate = ScalarInput(ctx, s++);
+    a.decay_learning_rate = ScalarInput(ctx, s++);
     spec.num_elements = param.NumElements();
     const std::string error = core::HostApplyUpdate(spec, IntraOpRunner(ctx));
     OP_REQUIRES(ctx, error.empty(),
@@ -241,33 +236,14 @@ class HostApplyOp : public OpKernel {
   }
 
  private:
-  // The kind's scalars into their UpdateArgs fields, then weight decay's.
-  void ReadScalars(OpKernelContext* ctx, int first_scalar, core::UpdateArgs& a) const {
-    int s = first_scalar;
-    for (int k = 0; k < kTraits.scalars; ++k) {
-      a.*kTraits.scalar_fields[k] = ScalarInput(ctx, s++);
-    }
-    a.weight_decay = use_weight_decay_;
-    a.decay_rate = ScalarInput(ctx, s++);
-    a.decay_learning_rate = ScalarInput(ctx, s++);
-  }
-
+  int kind_;
+  const core::UpdateTraits* traits_;
+  int num_variables_;
   bool use_weight_decay_;
   core::DType grad_dtype_;
-  core::UpdateKind kind_;
 };
 
-using HostApplySgdOp = HostApplyOp<core::UpdateKind::kSgd>;
-using HostApplyMomentumOp =
-    HostApplyOp<core::UpdateKind::kMomentum, core::UpdateKind::kNesterov>;
-using HostApplyAdamOp = HostApplyOp<core::UpdateKind::kAdam>;
-
-REGISTER_KERNEL_BUILDER(Name("Glp>HostApplySgd").Device(tensorflow::DEVICE_CPU),
-                        HostApplySgdOp);
-REGISTER_KERNEL_BUILDER(Name("Glp>HostApplyMomentum").Device(tensorflow::DEVICE_CPU),
-                        HostApplyMomentumOp);
-REGISTER_KERNEL_BUILDER(Name("Glp>HostApplyAdam").Device(tensorflow::DEVICE_CPU),
-                        HostApplyAdamOp);
+REGISTER_KERNEL_BUILDER(Name("Glp>HostApply").Device(tensorflow::DEVICE_CPU), HostApplyOp);
 
 }  // namespace
 }  // namespace tf_glp::tf

@@ -36,21 +36,19 @@ absl::Status ScalarInputs(InferenceContext* c, int first, int count) {
   return absl::OkStatus();
 }
 
-// A Glp>HostApply* op of update kind `kind` (Note [Update kinds] in
-// cc/core/host_optimizers.h): gradients start after the parameter's and the
-// slots' resource inputs; the kind's hyper-parameters and the two of weight
-// decay follow them.
-std::function<absl::Status(InferenceContext*)> ApplyShapeFn(core::UpdateKind kind) {
-  const core::UpdateTraits& traits = core::kUpdateTraits[static_cast<int>(kind)];
-  const int num_resources = 1 + traits.slots;
-  const int num_scalars = traits.scalars + 2;
-  return [=](InferenceContext* c) {
-    int n;
-    TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
-    ShapeHandle grad_shape;
-    TF_RETURN_IF_ERROR(MergeAllInputShapes(c, num_resources, n, &grad_shape));
-    return ScalarInputs(c, num_resources + n, num_scalars);
-  };
+// Glp>HostApply: the parameter's and the slots' resource inputs, the N
+// gradients (all of one shape), the kind's scalars, the two of weight decay.
+// The kind's own counts are checked by the kernel (an unknown kind or a
+// count that differs from its traits is an InvalidArgument there).
+absl::Status ApplyShapeFn(InferenceContext* c) {
+  int num_slots, n, num_scalars;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_slots", &num_slots));
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  TF_RETURN_IF_ERROR(c->GetAttr("num_scalars", &num_scalars));
+  const int num_resources = 1 + num_slots;
+  ShapeHandle grad_shape;
+  TF_RETURN_IF_ERROR(MergeAllInputShapes(c, num_resources, n, &grad_shape));
+  return ScalarInputs(c, num_resources + n, num_scalars + 2);
 }
 
 }  // namespace
@@ -84,48 +82,25 @@ gradients). With check_finite, all_finite says whether every float32 result
 is finite, checked in the same pass; without it, all_finite is true.
 )doc");
 
-REGISTER_OP("Glp>HostApplySgd")
+REGISTER_OP("Glp>HostApply")
     .Input("var: resource")
+    .Input("slots: num_slots * resource")
     .Input("grads: N * T")
-    .Input("learning_rate: float")
+    .Input("scalars: num_scalars * float")
     .Input("weight_decay: float")
     .Input("decay_learning_rate: float")
+    .Attr("kind: string")
+    .Attr("num_slots: int >= 0")
     .Attr("N: int >= 1")
     .Attr("T: {float, bfloat16, half}")
+    .Attr("num_scalars: int >= 1")
     .Attr("use_weight_decay: bool = false")
-    .SetShapeFn(ApplyShapeFn(core::UpdateKind::kSgd))
-    .Doc("var -= sum(grads) * learning_rate, as keras.optimizers.SGD.");
-
-REGISTER_OP("Glp>HostApplyMomentum")
-    .Input("var: resource")
-    .Input("momentum_slot: resource")
-    .Input("grads: N * T")
-    .Input("learning_rate: float")
-    .Input("momentum: float")
-    .Input("weight_decay: float")
-    .Input("decay_learning_rate: float")
-    .Attr("N: int >= 1")
-    .Attr("T: {float, bfloat16, half}")
-    .Attr("nesterov: bool = false")
-    .Attr("use_weight_decay: bool = false")
-    .SetShapeFn(ApplyShapeFn(core::UpdateKind::kMomentum))
-    .Doc("keras.optimizers.SGD with momentum (and nesterov) on sum(grads).");
-
-REGISTER_OP("Glp>HostApplyAdam")
-    .Input("var: resource")
-    .Input("m: resource")
-    .Input("v: resource")
-    .Input("grads: N * T")
-    .Input("alpha: float")
-    .Input("one_minus_beta_1: float")
-    .Input("one_minus_beta_2: float")
-    .Input("epsilon: float")
-    .Input("weight_decay: float")
-    .Input("decay_learning_rate: float")
-    .Attr("N: int >= 1")
-    .Attr("T: {float, bfloat16, half}")
-    .Attr("use_weight_decay: bool = false")
-    .SetShapeFn(ApplyShapeFn(core::UpdateKind::kAdam))
-    .Doc("keras.optimizers.Adam / AdamW on sum(grads); alpha includes the bias correction.");
+    .SetShapeFn(ApplyShapeFn)
+    .Doc(R"doc(
+One fused optimizer step of update kind `kind` (cc/core/update_formulas.h) on
+a float32 variable and its slots, from the in-order float32 sum of the
+gradients; with use_weight_decay, first var -= var * weight_decay *
+decay_learning_rate, as Keras applies weight decay.
+)doc");
 
 }  // namespace tf_glp::tf

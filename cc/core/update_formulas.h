@@ -1,0 +1,262 @@
+// The fused optimizer updates' per-element formulas, one struct each, written
+// as Keras 3 writes them (keras/src/optimizers/*.py, update_step).
+//
+// Note [Update formulas]
+// An update kind is one struct below and one entry in UpdateFormulas at the
+// bottom: its name (the ops' `kind` attribute), its float32 slot buffers of
+// the parameter's size, its scalars (float32, computed per step by the caller
+// exactly as Keras computes them: learning-rate schedules, bias corrections,
+// `1 - beta` in double then float32) in the order the op takes them, and its
+// Step, over `T`, a float32 value (one element or one vector of lanes)
+// whose + - * / are the machine's float32 operations, one at a time, in the
+// order written (the core is compiled without FMA contraction). So each line
+// of a Step is the line of Keras it names, evaluated by TensorFlow's kernels
+// the same way, and the results match Keras bitwise wherever Keras' own
+// expression has no transcendental function (pow: Ftrl; the fused result is
+// then within a few ulp, tests say which). Step receives the parameter after
+// weight decay, the in-order float32 sum of the gradients, the slots (read
+// before, written after), and the scalars.
+//
+// Everything else (the traits table, range and buffer checks, bytes moved,
+// the TensorFlow op, the Python fallback's dispatch) is generated from
+// UpdateFormulas; the Python side of a kind is one row in
+// tf_glp/ops/fused_optimizers.py. This header includes nothing (it is
+// compiled into the per-ISA kernel files, see kernels_impl.inc) and is all
+// templates, so each ISA's instantiation has internal linkage.
+#ifndef TF_GLP_CC_CORE_UPDATE_FORMULAS_H_
+#define TF_GLP_CC_CORE_UPDATE_FORMULAS_H_
+
+namespace tf_glp::core {
+
+// The most slot buffers / scalars an update kind may have.
+inline constexpr int kMaxSlots = 3;
+inline constexpr int kMaxScalars = 10;
+
+struct SgdFormula {
+  static constexpr const char* kName = "sgd";
+  static constexpr int kSlots = 0;
+  static constexpr const char* kScalars[] = {"learning_rate"};
+  template <class T>
+  static void Step(T& w, const T& g, T*, const T* s) {
+    const T& lr = s[0];
+    w = w - g * lr;
+  }
+};
+
+// keras.optimizers.SGD(momentum > 0), with and without nesterov.
+template <bool kNesterov>
+struct MomentumFormula {
+  static constexpr const char* kName = kNesterov ? "nesterov" : "momentum";
+  static constexpr int kSlots = 1;
+  static constexpr const char* kScalars[] = {"learning_rate", "momentum"};
+  template <class T>
+  static void Step(T& w, const T& g, T* slot, const T* s) {
+    T& m = slot[0];
+    const T &lr = s[0], &momentum = s[1];
+    m = m * momentum - g * lr;
+    if constexpr (kNesterov) {
+      w = w + (m * momentum - g * lr);
+    } else {
+      w = w + m;
+    }
+  }
+};
+
+// keras.optimizers.Adam / AdamW; alpha = lr * sqrt(1 - beta_2^t) /
+// (1 - beta_1^t). With amsgrad, a third slot keeps max(v_hat, v).
+template <bool kAmsgrad>
+struct AdamFormula {
+  static constexpr const char* kName = kAmsgrad ? "adam_amsgrad" : "adam";
+  static constexpr int kSlots = kAmsgrad ? 3 : 2;
+  static constexpr const char* kScalars[] = {"alpha", "1 - beta_1", "1 - beta_2", "epsilon"};
+  template <class T>
+  static void Step(T& w, const T& g, T* slot, const T* s) {
+    T &m = slot[0], &v = slot[1];
+    const T &alpha = s[0], &c1 = s[1], &c2 = s[2], &epsilon = s[3];
+    m = m + (g - m) * c1;
+    v = v + (g * g - v) * c2;
+    if constexpr (kAmsgrad) {
+      T& v_hat = slot[2];
+      v_hat = max(v_hat, v);
+      w = w - (m * alpha) / (sqrt(v_hat) + epsilon);
+    } else {
+      w = w - (m * alpha) / (sqrt(v) + epsilon);
+    }
+  }
+};
+
+// keras.optimizers.RMSprop: slots velocity, then average_gradient (centered),
+// then momentum (momentum > 0).
+template <bool kCentered, bool kMomentum>
+struct RmspropFormula {
+  static constexpr const char* kName =
+      kCentered ? (kMomentum ? "rmsprop_centered_momentum" : "rmsprop_centered")
+                : (kMomentum ? "rmsprop_momentum" : "rmsprop");
+  static constexpr int kSlots = 1 + kCentered + kMomentum;
+  static constexpr const char* kScalars[] = {"learning_rate", "rho", "1 - rho", "epsilon",
+                                             "momentum"};
+  template <class T>
+  static void Step(T& w, const T& g, T* slot, const T* s) {
+    T& velocity = slot[0];
+    const T &lr = s[0], &rho = s[1], &one_minus_rho = s[2], &epsilon = s[3];
+    velocity = rho * velocity + one_minus_rho * (g * g);
+    T denominator = velocity + epsilon;
+    if constexpr (kCentered) {
+      T& average_grad = slot[1];
+      average_grad = rho * average_grad + one_minus_rho * g;
+      denominator = velocity - average_grad * average_grad + epsilon;
+    }
+    const T increment = (lr * g) / sqrt(denominator);
+    if constexpr (kMomentum) {
+      T& momentum = slot[kSlots - 1];
+      momentum = s[4] * momentum + increment;
+      w = w - momentum;
+    } else {
+      w = w - increment;
+    }
+  }
+};
+
+struct AdagradFormula {
+  static constexpr const char* kName = "adagrad";
+  static constexpr int kSlots = 1;
+  static constexpr const char* kScalars[] = {"learning_rate", "epsilon"};
+  template <class T>
+  static void Step(T& w, const T& g, T* slot, const T* s) {
+    T& accumulator = slot[0];
+    const T &lr = s[0], &epsilon = s[1];
+    accumulator = accumulator + g * g;
+    w = w - (lr * g) / sqrt(accumulator + epsilon);
+  }
+};
+
+struct AdamaxFormula {
+  static constexpr const char* kName = "adamax";
+  static constexpr int kSlots = 2;
+  static constexpr const char* kScalars[] = {"learning_rate", "1 - beta_1", "beta_2",
+                                             "1 - beta_1^t", "epsilon"};
+  template <class T>
+  static void Step(T& w, const T& g, T* slot, const T* s) {
+    T &m = slot[0], &u = slot[1];
+    const T &lr = s[0], &c1 = s[1], &beta_2 = s[2], &bias = s[3], &epsilon = s[4];
+    m = m + (g - m) * c1;
+    u = max(beta_2 * u, abs(g));
+    w = w - (lr * m) / (bias * (u + epsilon));
+  }
+};
+
+struct AdadeltaFormula {
+  static constexpr const char* kName = "adadelta";
+  static constexpr int kSlots = 2;
+  static constexpr const char* kScalars[] = {"learning_rate", "rho", "1 - rho", "epsilon"};
+  template <class T>
+  static void Step(T& w, const T& g, T* slot, const T* s) {
+    T &accumulated_grad = slot[0], &accumulated_delta = slot[1];
+    const T &lr = s[0], &rho = s[1], &one_minus_rho = s[2], &epsilon = s[3];
+    accumulated_grad = rho * accumulated_grad + one_minus_rho * (g * g);
+    const T delta = -((sqrt(accumulated_delta + epsilon) * g) / sqrt(accumulated_grad + epsilon));
+    accumulated_delta = rho * accumulated_delta + one_minus_rho * (delta * delta);
+    w = w + lr * delta;
+  }
+};
+
+struct LionFormula {
+  static constexpr const char* kName = "lion";
+  static constexpr int kSlots = 1;
+  static constexpr const char* kScalars[] = {"learning_rate", "beta_1", "1 - beta_1", "beta_2",
+                                             "1 - beta_2"};
+  template <class T>
+  static void Step(T& w, const T& g, T* slot, const T* s) {
+    T& m = slot[0];
+    const T &lr = s[0], &beta_1 = s[1], &c1 = s[2], &beta_2 = s[3], &c2 = s[4];
+    w = w - lr * sign(m * beta_1 + g * c1);
+    m = m * beta_2 + g * c2;
+  }
+};
+
+// keras.optimizers.Nadam; its `_u_product` is updated by Keras' own
+// _backend_update_step before this runs, once per step.
+struct NadamFormula {
+  static constexpr const char* kName = "nadam";
+  static constexpr int kSlots = 2;
+  static constexpr const char* kScalars[] = {
+      "learning_rate", "1 - beta_1", "1 - beta_2", "u_t_1", "1 - u_product_t_1",
+      "1 - u_t",       "1 - u_product_t", "1 - beta_2^t", "epsilon"};
+  template <class T>
+  static void Step(T& w, const T& g, T* slot, const T* s) {
+    T &m = slot[0], &v = slot[1];
+    const T &lr = s[0], &c1 = s[1], &c2 = s[2], &u_t_1 = s[3], &d1 = s[4], &one_minus_u_t = s[5],
+            &d2 = s[6], &bias_2 = s[7], &epsilon = s[8];
+    m = m + (g - m) * c1;
+    v = v + (g * g - v) * c2;
+    const T m_hat = (u_t_1 * m) / d1 + (one_minus_u_t * g) / d2;
+    const T v_hat = v / bias_2;
+    w = w - (m_hat * lr) / (sqrt(v_hat) + epsilon);
+  }
+};
+
+// keras.optimizers.Ftrl: its pow is the C library's powf, not Eigen's (see
+// the note above).
+struct FtrlFormula {
+  static constexpr const char* kName = "ftrl";
+  static constexpr int kSlots = 2;
+  static constexpr const char* kScalars[] = {
+      "learning_rate", "2 * l2_shrinkage", "-learning_rate_power", "2 * l2",
+      "-l1",           "l1"};
+  template <class T>
+  static void Step(T& w, const T& g, T* slot, const T* s) {
+    T &accumulator = slot[0], &linear = slot[1];
+    const T &lr = s[0], &two_l2_shrinkage = s[1], &power = s[2], &two_l2 = s[3], &low = s[4],
+            &high = s[5];
+    const T grad_to_use = g + two_l2_shrinkage * w;
+    const T new_accumulator = accumulator + g * g;
+    const T new_power = pow(new_accumulator, power);
+    linear = linear + (grad_to_use - ((new_power - pow(accumulator, power)) / lr) * w);
+    const T quadratic = new_power / lr + two_l2;
+    const T linear_clipped = min(max(linear, low), high);
+    w = (linear_clipped - linear) / quadratic;
+    accumulator = new_accumulator;
+  }
+};
+
+// keras.optimizers.ScheduleFreeAdamW: the parameter is y, slot 0 the
+// momentum z (started at the parameter by Keras' build), slot 1 the velocity.
+// Two details of how TensorFlow runs Keras' lines, followed here: Keras'
+// `momentum_old = momentum.value` is the variable itself, read where it is
+// used, after the momentum's update (so x_old uses the new momentum); and
+// inside a tf.function Grappler's constant folding turns Keras' division by
+// the constant beta_1 into a multiplication by its float32 reciprocal.
+struct ScheduleFreeAdamWFormula {
+  static constexpr const char* kName = "schedule_free_adamw";
+  static constexpr int kSlots = 2;
+  static constexpr const char* kScalars[] = {
+      "learning_rate", "1 - beta_2", "1 - beta_2^t", "epsilon", "1 - beta_1", "beta_1",
+      "1 / beta_1",    "1 - 1/t",    "1/t"};
+  template <class T>
+  static void Step(T& w, const T& g, T* slot, const T* s) {
+    T &momentum = slot[0], &velocity = slot[1];
+    const T &lr = s[0], &c2 = s[1], &bias_2 = s[2], &epsilon = s[3], &c1 = s[4], &beta_1 = s[5],
+            &inverse_beta_1 = s[6], &one_minus_weight = s[7], &weight = s[8];
+    velocity = velocity + (g * g - velocity) * c2;
+    const T denominator = sqrt(velocity / bias_2) + epsilon;
+    momentum = momentum - (lr * g) / denominator;
+    const T x_old = (w - c1 * momentum) * inverse_beta_1;
+    const T x_new = one_minus_weight * x_old + weight * momentum;
+    w = c1 * momentum + beta_1 * x_new;
+  }
+};
+
+template <class... Formulas>
+struct FormulaList {};
+
+// Every update kind; a kind's index here is its UpdateArgs::kind.
+using UpdateFormulas =
+    FormulaList<SgdFormula, MomentumFormula<false>, MomentumFormula<true>, AdamFormula<false>,
+                AdamFormula<true>, RmspropFormula<false, false>, RmspropFormula<false, true>,
+                RmspropFormula<true, false>, RmspropFormula<true, true>, AdagradFormula,
+                AdamaxFormula, AdadeltaFormula, LionFormula, NadamFormula, FtrlFormula,
+                ScheduleFreeAdamWFormula>;
+
+}  // namespace tf_glp::core
+
+#endif  // TF_GLP_CC_CORE_UPDATE_FORMULAS_H_
