@@ -64,7 +64,9 @@ EQUIVALENCE_CASES = [
 @pytest.mark.parametrize("size,dtype,n,decay", EQUIVALENCE_CASES)
 def test_native_equals_fallback(update, size, dtype, n, decay, native_mode):
     """Bitwise, except where the formula calls pow (update.exact: the C
-    library's powf and TensorFlow's may differ in the last bit)."""
+    library's powf and TensorFlow's may differ in the last bit, which Ftrl's
+    difference of two powers amplifies: within 1e-4 of the variable's
+    largest value after 3 steps)."""
     if not tf_glp.native_available():
         pytest.skip("native library not in use")
     native = _run_ops(update, size + n, size, dtype, n, decay, native_mode, True)
@@ -73,7 +75,7 @@ def test_native_equals_fallback(update, size, dtype, n, decay, native_mode):
         if update.exact:
             np.testing.assert_array_equal(a, b)
         else:
-            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(b).max())))
 
 
 def test_unsupported_optimizers_are_reported():

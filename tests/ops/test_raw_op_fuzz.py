@@ -1,15 +1,17 @@
-"""A fuzz harness for the op contract of tf_glp's nine raw ops.
+"""A fuzz harness for the op contract of tf_glp's seven raw ops.
 
 A user's graph, a SavedModel or a tf.raw_ops-style call can hand the ops
 any tensors and attributes: whatever they are, the process must survive,
 a valid input must give the reference numbers and an invalid one a clear
 error (TensorFlow's or Python's). Hypothesis generates the calls: a valid
 case of each op (small shapes of every float dtype, NaN and infinities
-among the values, empty batches, int32-sized strides and dilations) or the
-same case with one thing broken (a dtype, a rank, a channel count, an
-attribute, a sizes vector, a variable's dtype, shape or initialization, a
-hyper-parameter's shape or finiteness, aliased or several resource handles,
-empty tensors with dimensions near 2^31, 2^40 or 2^62). Each runs eagerly,
+among the values, empty batches, int32-sized strides and dilations; for
+Glp>HostApply, every update kind of HOST_UPDATES) or the same case with one
+thing broken (a dtype, a rank, a channel count, an attribute, a sizes
+vector, a variable's dtype, shape or initialization, a hyper-parameter's
+shape or finiteness, aliased or several resource handles, an unknown update
+kind, too many or too few slots or hyper-parameters, empty tensors with
+dimensions near 2^31, 2^40 or 2^62). Each runs eagerly,
 in a tf.function, or in a tf.function that sees no static shapes, in a
 child process (tests/ops/raw_op_fuzz.py) that a crash or hang cannot take
 the suite with it; a failure is reported with the command that reproduces
@@ -28,6 +30,7 @@ import collections
 import json
 import os
 import select
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -39,6 +42,7 @@ from hypothesis import strategies as st
 
 import tf_glp
 from raw_op_fuzz import conv_geometry
+from tf_glp.ops.host_optimizers import HOST_UPDATES, HOST_UPDATES_BY_KIND, HostUpdate
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "raw_op_fuzz.py")
 FUZZ_CASES = int(os.environ.get("TF_GLP_FUZZ_CASES") or 0)
@@ -295,33 +299,41 @@ def host_reduce_cases(draw) -> dict:
     return broken(case, "no inputs")
 
 
-HOST_APPLY_SCALARS = {
-    "host_apply_sgd": ["learning_rate"],
-    "host_apply_momentum": ["learning_rate", "momentum"],
-    "host_apply_adam": ["alpha", "one_minus_beta_1", "one_minus_beta_2", "epsilon"],
-}
-SLOTS = {"host_apply_sgd": 0, "host_apply_momentum": 1, "host_apply_adam": 2}
+HOST_VALUES = st.sampled_from([0.0, 0.001, 0.01, 0.1, 0.5, 0.9, 1.0, 1e-7, -0.5])
+# Slots start non-negative (several kinds take square roots or powers of
+# theirs, as Adam's v, which the optimizers keep >= 0), the parameter normal.
+SLOT_FILL = st.sampled_from(["abs", "abs", "zeros"])
 
 
 @st.composite
-def host_apply_cases(draw, op: str) -> dict:
+def unknown_kinds(draw) -> str:
+    """A `kind` that no row of HOST_UPDATES has: a near miss of one, or any text."""
+    kinds = [update.kind for update in HOST_UPDATES]
+    near = [k.upper() for k in kinds] + [k + "_" for k in kinds] + [k[:-1] for k in kinds] + \
+        [" " + k for k in kinds] + [k + "\x00" for k in kinds] + [""]
+    return draw(st.one_of(st.sampled_from(near), st.text(max_size=12)).filter(lambda name: name not in kinds))
+
+
+@st.composite
+def host_apply_cases(draw, update: HostUpdate) -> dict:
+    """Glp>HostApply with `update`'s kind: var, its slots (variables 0, 1,
+    ...), N gradients, the row's scalars, weight_decay, decay_learning_rate."""
     dtype, seed0, fill = draw(st.sampled_from(FLOATS)), draw(st.integers(0, 2**16)), draw(FILL)
     shape = [draw(st.integers(0, 5)) for _ in range(draw(st.integers(0, 2)))]
-    slots = SLOTS[op]
-    variables = [tensor("float32", shape, seed0 + i, "normal") for i in range(1 + slots)]
-    if op == "host_apply_adam":
-        variables[2]["fill"] = "zeros"  # v >= 0, as Adam keeps it
+    slots = len(update.slot_names)
+    variables = [tensor("float32", shape, seed0, "normal")]
+    variables += [tensor("float32", shape, seed0 + 1 + i, draw(SLOT_FILL)) for i in range(slots)]
     grads = [tensor(dtype, shape, seed0 + 10 + i, fill) for i in range(draw(st.integers(1, 4)))]
-    values = st.sampled_from([0.0, 0.001, 0.01, 0.1, 0.5, 0.9, 1.0, 1e-7, -0.5])
-    scalars = [scalar(draw(values)) for _ in HOST_APPLY_SCALARS[op]] + [scalar(draw(values)), scalar(draw(values))]
-    attrs = {"use_weight_decay": draw(st.booleans())}
-    if op == "host_apply_momentum":
-        attrs["nesterov"] = draw(st.booleans())
+    scalars = [scalar(draw(HOST_VALUES)) for _ in update.scalar_names]
+    decay = [scalar(draw(HOST_VALUES)), scalar(draw(HOST_VALUES))]  # weight_decay, decay_learning_rate
+    attrs = {"kind": update.kind, "use_weight_decay": draw(st.booleans())}
     handles = [{"resource": {"var": i}} for i in range(1 + slots)]
-    case = {"op": op, "mode": draw(st.sampled_from(MODES)), "attrs": attrs, "expect": "valid", "why": "",
-            "variables": variables, "inputs": handles + [{"list": grads}] + scalars}
+    slot_list, scalar_list = {"list": handles[1:]}, {"list": scalars}
+    case = {"op": "host_apply", "mode": draw(st.sampled_from(MODES)), "attrs": attrs, "expect": "valid", "why": "",
+            "variables": variables, "inputs": [handles[0], slot_list, {"list": grads}, scalar_list, *decay]}
     mutations = ["none"] * 6 + ["grad_shape", "grad_dtype", "not_t", "var_dtype", "scalar_shape", "scalar_dtype",
-                                "scalar_not_finite", "uninitialized", "handles", "huge_empty", "no_grads"]
+                                "scalar_not_finite", "uninitialized", "handles", "huge_empty", "no_grads",
+                                "unknown_kind", "other_kind", "slot_count", "scalar_count"]
     if slots:
         mutations += ["slot_shape", "slot_dtype", "alias"]
     mutation = draw(st.sampled_from(mutations))
@@ -346,13 +358,13 @@ def host_apply_cases(draw, op: str) -> dict:
         variables[draw(st.integers(1, slots))]["shape"] = draw(st.sampled_from([shape + [1], [d + 1 for d in shape] or [2]]))
         return broken(case, "a slot of another shape than var")
     if mutation == "scalar_shape":
-        draw(st.sampled_from(scalars))["values"] = draw(st.sampled_from([[0.1], [0.1, 0.2], [[0.1]]]))
+        draw(st.sampled_from(scalars + decay))["values"] = draw(st.sampled_from([[0.1], [0.1, 0.2], [[0.1]]]))
         return broken(case, "a hyper-parameter that is not a scalar")
     if mutation == "scalar_dtype":
-        draw(st.sampled_from(scalars))["dtype"] = draw(st.sampled_from(["float64", "float16", "int32"]))
+        draw(st.sampled_from(scalars + decay))["dtype"] = draw(st.sampled_from(["float64", "float16", "int32"]))
         return broken(case, "a hyper-parameter that is not float32")
     if mutation == "scalar_not_finite":
-        draw(st.sampled_from(scalars))["values"] = draw(st.sampled_from([float("nan"), float("inf"), float("-inf")]))
+        draw(st.sampled_from(scalars + decay))["values"] = draw(st.sampled_from([float("nan"), float("inf"), float("-inf")]))
         return broken(case, "a hyper-parameter that is not finite")
     if mutation == "uninitialized":
         variables[draw(st.integers(0, slots))]["initialized"] = False
@@ -369,15 +381,41 @@ def host_apply_cases(draw, op: str) -> dict:
         for t in variables + grads:
             t["shape"] = huge
         return broken(case, "empty variables and gradients with huge dimensions", "no_crash")
-    case["inputs"][1 + slots] = {"list": []}
+    if mutation == "unknown_kind":
+        attrs["kind"] = draw(unknown_kinds())
+        return broken(case, f"update kind {attrs['kind']!r}")
+    if mutation == "other_kind":
+        # Another row's kind: its update if it takes as many slots and
+        # scalars (the reference is that row's), else an error.
+        other = draw(st.sampled_from([u for u in HOST_UPDATES if u.kind != update.kind]))
+        attrs["kind"] = other.kind
+        same = (len(other.slot_names), len(other.scalar_names)) == (slots, len(scalars))
+        return broken(case, f"the inputs of {update.kind} with kind {other.kind}", "valid" if same else "invalid")
+    if mutation == "slot_count":
+        if slots and draw(st.booleans()):
+            slot_list["list"].pop(draw(st.integers(0, slots - 1)))
+            return broken(case, f"{slots - 1} slots for {update.kind}")
+        variables.append(tensor("float32", shape, seed0 + 9, draw(SLOT_FILL)))
+        slot_list["list"].insert(draw(st.integers(0, slots)), {"resource": {"var": 1 + slots}})
+        return broken(case, f"{slots + 1} slots for {update.kind}")
+    if mutation == "scalar_count":
+        if draw(st.booleans()):
+            scalars.pop(draw(st.integers(0, len(scalars) - 1)))
+        else:
+            scalars.insert(draw(st.integers(0, len(scalars))), scalar(draw(HOST_VALUES)))
+        return broken(case, f"{len(scalars)} hyper-parameters for {update.kind}")
+    case["inputs"][2] = {"list": []}
     return broken(case, "no gradients")
 
 
 def raw_op_cases():
+    # Glp>HostApply three times: a third of the cases, as when each of its
+    # first three kinds was an op of its own; the kind drawn from the table.
+    host_apply = st.sampled_from(HOST_UPDATES).flatmap(host_apply_cases)
     return st.one_of(
         conv_cases("conv2d"), conv_cases("conv2d_backprop_input"), conv_cases("conv2d_backprop_filter"),
         matmul_cases("matmul"), matmul_cases("matmul_grad_weights"), host_reduce_cases(),
-        host_apply_cases("host_apply_sgd"), host_apply_cases("host_apply_momentum"), host_apply_cases("host_apply_adam"),
+        host_apply, host_apply, host_apply,
     )
 
 
@@ -391,8 +429,16 @@ def fallback_cases(draw) -> dict:
 
 # -- the child process ------------------------------------------------------------------------
 
+def case_label(case: dict) -> str:
+    """The op, and for Glp>HostApply its kind (one of the table's, or "unknown")."""
+    if case["op"] != "host_apply":
+        return case["op"]
+    kind = case["attrs"]["kind"]
+    return f"host_apply[{kind if kind in HOST_UPDATES_BY_KIND else 'unknown'}]"
+
+
 def reproduce_command(case: dict) -> str:
-    return f"python tests/ops/raw_op_fuzz.py --case '{json.dumps(case)}'"
+    return f"python tests/ops/raw_op_fuzz.py --case {shlex.quote(json.dumps(case))}"
 
 
 class FuzzWorker:
@@ -457,7 +503,7 @@ class FuzzWorker:
             self.process = None
         else:
             verdict = json.loads(line)
-        self.counts[(case["op"], case["expect"], verdict["verdict"])] += 1
+        self.counts[(case_label(case), case["expect"], verdict["verdict"])] += 1
         self.outcomes[verdict.get("outcome", verdict["verdict"])] += 1
         return verdict
 
@@ -491,7 +537,7 @@ def fuzz_worker():
 def check(worker: FuzzWorker, case: dict) -> None:
     verdict = worker.run(case)
     if verdict["verdict"] != "ok":
-        pytest.fail(f"{verdict['verdict']} ({case['op']}, {case['mode']}, expected {case['expect']}"
+        pytest.fail(f"{verdict['verdict']} ({case_label(case)}, {case['mode']}, expected {case['expect']}"
                     f"{': ' + case['why'] if case['why'] else ''}): {verdict['detail']}\n"
                     f"reproduce: {reproduce_command(case)}", pytrace=False)
 

@@ -96,9 +96,9 @@ def test_trains_bitwise_like_plain_keras(dataset, clock, fused_calls):
 def test_an_optimizer_it_cannot_fuse_is_not_timed(monkeypatch):
     monkeypatch.setattr(optimizer_step, "time_updates", lambda *a, **k: pytest.fail("timed"))
     strategy = tf_glp.Strategy()
-    _assert_bitwise(_fit(strategy, lambda: keras.optimizers.RMSprop(0.01)),
-                    _fit(None, lambda: keras.optimizers.RMSprop(0.01)))
-    assert "optimizer step: Keras' own (RMSprop" in strategy.explain()
+    _assert_bitwise(_fit(strategy, lambda: keras.optimizers.Lamb(0.01)),
+                    _fit(None, lambda: keras.optimizers.Lamb(0.01)))
+    assert "optimizer step: Keras' own (Lamb" in strategy.explain()
 
 
 @pytest.mark.parametrize("name", [row.name for row in FUSED_OPTIMIZER_TABLE])
@@ -109,9 +109,18 @@ def test_the_fused_step_where_it_measures_faster(name, clock, fused_calls, exact
     plain = _fit(None, lambda: getattr(keras.optimizers, name)(0.01), epochs=1)
     assert fused_calls  # traced into the step after the choice, at no extra retrace
     assert "tf_glp's fused update" in strategy.explain()
+    if name in MATCH_KERAS_IN_FIT_TO_ROUNDING:
+        for a, b in zip(ours[1] + ours[2], plain[1] + plain[2], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(b).max())))
+        return
     assert ours[0]["loss"] == plain[0]["loss"]
     for a, b in zip(ours[1] + ours[2], plain[1] + plain[2], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+# Fused updates that match Keras' inside a fit to rounding only: Ftrl (its
+# pow is the C library's, docs/numerics.md).
+MATCH_KERAS_IN_FIT_TO_ROUNDING = {"Ftrl"}
 
 
 def test_the_choice_is_made_once_per_optimizer(clock, monkeypatch):
