@@ -51,7 +51,7 @@ CASES = [
     ("Adam amsgrad", "Adam", {"amsgrad": True}), ("AdamW", "AdamW", {}), ("RMSprop", "RMSprop", {}),
     ("RMSprop centered momentum", "RMSprop", {"centered": True, "momentum": 0.9}), ("Adagrad", "Adagrad", {}),
     ("Adamax", "Adamax", {}), ("Adadelta", "Adadelta", {}), ("Lion", "Lion", {}), ("Nadam", "Nadam", {}),
-    ("Ftrl", "Ftrl", {}),
+    ("Ftrl", "Ftrl", {}), ("ScheduleFreeAdamW", "ScheduleFreeAdamW", {}),
 ]
 
 

@@ -86,7 +86,11 @@ struct AdamFormula {
 };
 
 // keras.optimizers.RMSprop: slots velocity, then average_gradient (centered),
-// then momentum (momentum > 0).
+// then momentum (momentum > 0). Centered, Keras writes
+// `velocity - square(average_grad) + epsilon`; inside a Keras fit,
+// Grappler's constant folding pushes the constant down to
+// `velocity - (square(average_grad) - epsilon)`, and that is followed here
+// (found by trying; tests/profiling/test_optimizer_step.py).
 template <bool kCentered, bool kMomentum>
 struct RmspropFormula {
   static constexpr const char* kName =
@@ -104,7 +108,7 @@ struct RmspropFormula {
     if constexpr (kCentered) {
       T& average_grad = slot[1];
       average_grad = rho * average_grad + one_minus_rho * g;
-      denominator = velocity - average_grad * average_grad + epsilon;
+      denominator = velocity - (average_grad * average_grad - epsilon);
     }
     const T increment = (lr * g) / sqrt(denominator);
     if constexpr (kMomentum) {

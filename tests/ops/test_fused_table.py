@@ -56,9 +56,16 @@ _MORE_SETTINGS = {
     "Adadelta": {"rho": 0.8, "epsilon": 1e-5},
     "Lion": {"beta_1": 0.8, "beta_2": 0.95},
     "Nadam": {"beta_1": 0.8, "beta_2": 0.99},
+    "ScheduleFreeAdamW": {"warmup_steps": 5, "beta_1": 0.8},
     "Ftrl": {"learning_rate_power": -0.7, "l1_regularization_strength": 0.01, "l2_regularization_strength": 0.02,
              "l2_shrinkage_regularization_strength": 0.03, "beta": 0.1},
 }
+# Kinds whose formula follows a rewrite Grappler's constant folding makes of
+# Keras' line inside a fit but not in this test's tf.function (centered
+# RMSprop: (v - a*a) + eps becomes v - (a*a - eps)); they are bitwise
+# against Keras inside fit (tests/profiling/test_optimizer_step.py) and
+# compared here as the pow rows are.
+_FOLLOWS_FIT = {"rmsprop_centered", "rmsprop_centered_momentum"}
 # The rows whose formula calls pow (HostUpdate.exact is False: Ftrl): Keras'
 # update runs TensorFlow's pow, the fused one the C library's powf (TF's
 # pow(x, 0.5) differs from the correctly rounded sqrt in 27% of float32
@@ -138,8 +145,8 @@ def test_fused_optimizers_names_exactly_the_table():
     names = [row.name for row in FUSED_OPTIMIZER_TABLE]
     assert len(set(names)) == len(names)
     assert FUSED_OPTIMIZERS == ", ".join(names[:-1]) + " and " + names[-1]
-    assert FUSED_OPTIMIZERS == ("SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, Lion, Nadam "
-                                "and Ftrl")  # today's table; update with it
+    assert FUSED_OPTIMIZERS == ("SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, Lion, Nadam, Ftrl "
+                                "and ScheduleFreeAdamW")  # today's table; update with it
     assert tf_glp.ops.FUSED_OPTIMIZERS is FUSED_OPTIMIZERS and "FUSED_OPTIMIZERS" in tf_glp.ops.__all__
 
 
@@ -154,8 +161,7 @@ def test_every_keras_optimizer_is_fused_or_left_to_keras_with_its_reason(name):
 
 
 def test_the_list_left_to_keras_is_pinned():
-    assert set(KERAS_UPDATE_ONLY) == {"Lamb", "Adafactor", "Muon", "ScheduleFreeAdamW", "LossScaleOptimizer",
-                                      "MultiOptimizer"}
+    assert set(KERAS_UPDATE_ONLY) == {"Lamb", "Adafactor", "Muon", "LossScaleOptimizer", "MultiOptimizer"}
     assert set(KERAS_UPDATE_ONLY) | {row.name for row in FUSED_OPTIMIZER_TABLE} == set(_keras_optimizer_names())
 
 
@@ -235,7 +241,8 @@ def test_fused_update_matches_keras_over_30_steps(case, exact_keras):
     def fused_step(grads):
         fused.apply([list(g) for g in zip(*grads)], fused_vars)
 
-    exact = row.host_update(fused_opt).exact
+    update = row.host_update(fused_opt)
+    exact = update.exact and update.kind not in _FOLLOWS_FIT
     keras_state, fused_state = keras_vars + keras_opt.variables, fused_vars + fused_opt.variables
     assert len(keras_state) == len(fused_state)
     for grads in steps:

@@ -42,18 +42,18 @@ OPTIMIZERS = {
     "sgd_nesterov": lambda: keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True),
     "sgd_clipnorm": lambda: keras.optimizers.SGD(0.05, clipnorm=0.1),
     # The other fused formulas, each with one of the options Keras applies
-    # around its update step. Not here, as they match Keras inside a fit
-    # only to rounding: Ftrl (its pow is not TensorFlow's), centered RMSprop
-    # and ScheduleFreeAdamW (bitwise in tests/ops/test_fused_table.py's
-    # tf.function, not inside fit: docs/numerics.md).
+    # around its update step (not Ftrl: its pow is not TensorFlow's, it
+    # matches to rounding, tests/ops/test_fused_table.py).
     "adam_amsgrad_schedule": lambda: keras.optimizers.Adam(
         keras.optimizers.schedules.ExponentialDecay(1e-2, decay_steps=2, decay_rate=0.5), amsgrad=True),
     "rmsprop_momentum_clipvalue": lambda: keras.optimizers.RMSprop(1e-2, momentum=0.5, clipvalue=0.5),
+    "rmsprop_centered": lambda: keras.optimizers.RMSprop(1e-2, centered=True),
     "adagrad_global_clipnorm": lambda: keras.optimizers.Adagrad(1e-1, global_clipnorm=1.0),
     "adamax_decay": lambda: keras.optimizers.Adamax(1e-2, weight_decay=0.05),
     "adadelta": lambda: keras.optimizers.Adadelta(1.0),
     "lion_ema": lambda: keras.optimizers.Lion(1e-3, use_ema=True, ema_overwrite_frequency=2),
     "nadam_accumulation": lambda: keras.optimizers.Nadam(1e-2, gradient_accumulation_steps=2),
+    "schedule_free_adamw": lambda: keras.optimizers.ScheduleFreeAdamW(1e-2, warmup_steps=2),
 }
 
 

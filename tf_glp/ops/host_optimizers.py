@@ -138,7 +138,7 @@ def _rmsprop(centered: bool, momentum: bool):
         if centered:
             average_grad = slots[1]
             average_grad.assign(rho * average_grad + one_minus_rho * g)
-            denominator = velocity - average_grad * average_grad + epsilon
+            denominator = velocity - (average_grad * average_grad - epsilon)
         increment = (lr * g) / tf.sqrt(denominator)
         if momentum:
             slots[-1].assign(momentum_rate * slots[-1] + increment)

@@ -161,6 +161,16 @@ def _ftrl(opt, lr) -> tuple:
     return lr, 2 * opt.l2_shrinkage_regularization_strength, -opt.learning_rate_power, 2 * l2_reg, -l1, l1
 
 
+def _schedule_free_adamw(opt, lr) -> tuple:
+    local_step = _local_step(opt)
+    beta_1, beta_2 = _float32(opt.beta_1), _float32(opt.beta_2)
+    if opt.warmup_steps > 0:
+        lr = lr * tf.minimum(local_step / _float32(opt.warmup_steps), 1.0)
+    weight = 1.0 / local_step
+    return (lr, 1 - beta_2, 1 - tf.pow(beta_2, local_step), _float32(opt.epsilon), 1 - beta_1, beta_1,
+            1.0 / beta_1, 1 - weight, weight)
+
+
 _ADAM_SLOTS = ("_momentums", "_velocities")
 _AMSGRAD = HOST_UPDATES_BY_KIND["adam_amsgrad"]
 
@@ -199,6 +209,8 @@ FUSED_OPTIMIZER_TABLE: tuple[FusedOptimizer, ...] = (
                    before_step=_nadam_u_product),
     FusedOptimizer(keras.optimizers.Ftrl, **_one(HOST_UPDATES_BY_KIND["ftrl"], ("_accumulators", "_linears"),
                                                  _ftrl)),
+    FusedOptimizer(keras.optimizers.ScheduleFreeAdamW, **_one(
+        HOST_UPDATES_BY_KIND["schedule_free_adamw"], _ADAM_SLOTS, _schedule_free_adamw)),
 )
 
 # The Keras optimizers left to Keras' own update, and why (explain() and
@@ -209,8 +221,6 @@ KERAS_UPDATE_ONLY: dict[str, str] = {
             "(a second pass, not built yet)",
     "Adafactor": "its factored second moments are row and column means (reductions, not built yet)",
     "Muon": "its Newton-Schulz iterations are matrix products, not an elementwise update",
-    "ScheduleFreeAdamW": "its fused update (kind schedule_free_adamw) matches Keras' in a tf.function of its "
-                         "own but not yet inside fit, where its weights end elsewhere",
     "LossScaleOptimizer": "a wrapper: the optimizer it wraps runs its own update, fused where that one is",
     "MultiOptimizer": "a wrapper: each optimizer it holds runs its own update, fused where that one is",
 }
