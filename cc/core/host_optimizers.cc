@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace tf_glp::core {
 namespace {
@@ -76,8 +77,36 @@ std::string HostApplyUpdate(const HostUpdateSpec& spec,
   const int64_t bytes_moved =
       spec.num_elements *
       UpdateBytesPerElement(*traits, a.num_grads, a.grad_dtype);
+  if (traits->norms == 0) {
+    RunElementwise(runner, spec.num_elements, bytes_moved,
+                   [&](int64_t begin, int64_t end) { kernel(a, begin, end); });
+    return "";
+  }
+  // Note [Per-variable norms]: blocks of kElementsPerTask, the tasks'
+  // size, so that a task never shares a block with another.
+  static_assert(kElementsPerTask % kNormPartials == 0, "blocks of whole partial groups");
+  const int64_t blocks = (spec.num_elements + kElementsPerTask - 1) / kElementsPerTask;
+  std::vector<double> sums(static_cast<size_t>(blocks * traits->norms));
+  UpdateArgs first = a;
+  first.norm_pass = true;
+  first.norm_block = kElementsPerTask;
+  first.norm_sums = sums.data();
   RunElementwise(runner, spec.num_elements, bytes_moved,
-                 [&](int64_t begin, int64_t end) { kernel(a, begin, end); });
+                 [&](int64_t begin, int64_t end) { kernel(first, begin, end); });
+  double totals[kMaxNorms] = {};
+  for (int64_t block = 0; block < blocks; ++block) {
+    for (int n = 0; n < traits->norms; ++n) totals[n] += sums[block * traits->norms + n];
+  }
+  // Keras (lamb.py): ratio = w_norm / g_norm where both are positive, else 1;
+  // the update is scaled by ratio * lr (float32, as Keras computes them).
+  const float w_norm = std::sqrt(static_cast<float>(totals[0]));
+  const float g_norm = std::sqrt(static_cast<float>(totals[1]));
+  const float ratio = w_norm > 0.0f && g_norm > 0.0f ? w_norm / g_norm : 1.0f;
+  UpdateArgs second = a;
+  second.norm_pass = false;
+  second.norm_scale = ratio * a.scalars[0];
+  RunElementwise(runner, spec.num_elements, bytes_moved,
+                 [&](int64_t begin, int64_t end) { kernel(second, begin, end); });
   return "";
 }
 

@@ -31,12 +31,13 @@ struct UpdateTraits {
   int slots;         // float32 slot buffers of the parameter's size
   int scalars;       // float32 hyper-parameters, in the op's order
   const char* const* scalar_names;  // for messages
+  int norms;  // per-variable norms (Note [Per-variable norms]): 0 or 2
 };
 
 template <class... Formulas>
 constexpr std::array<UpdateTraits, sizeof...(Formulas)> TraitsOf(FormulaList<Formulas...>) {
   return {{{Formulas::kName, Formulas::kSlots, static_cast<int>(std::size(Formulas::kScalars)),
-            Formulas::kScalars}...}};
+            Formulas::kScalars, NormsOf<Formulas>::value}...}};
 }
 
 // Indexed by UpdateArgs::kind.
@@ -48,6 +49,7 @@ constexpr bool UpdateTraitsAreConsistent() {
     const UpdateTraits& t = kUpdateTraits[i];
     if (t.slots < 0 || t.slots > kMaxSlots) return false;
     if (t.scalars < 1 || t.scalars > kMaxScalars) return false;
+    if (t.norms != 0 && t.norms != kMaxNorms) return false;
     for (int j = 0; j < i; ++j) {
       if (std::string_view(t.name) == kUpdateTraits[j].name) return false;
     }
@@ -55,7 +57,7 @@ constexpr bool UpdateTraitsAreConsistent() {
   return true;
 }
 static_assert(UpdateTraitsAreConsistent(),
-              "UpdateFormulas: distinct names, within kMaxSlots and kMaxScalars");
+              "UpdateFormulas: distinct names, within kMaxSlots, kMaxScalars and kMaxNorms");
 
 // The traits of update kind `kind`, or null for an index outside UpdateFormulas.
 inline const UpdateTraits* FindUpdateTraits(int kind) {

@@ -54,6 +54,14 @@ struct UpdateArgs {
   bool weight_decay;
   float decay_rate;
   float decay_learning_rate;
+  // Kinds with norms (Note [Per-variable norms] in update_formulas.h): the
+  // first pass (norm_pass) writes, for each block of norm_block elements
+  // from 0, its sums of squares to norm_sums[block * kNorms + k]; the second
+  // pass scales the update by norm_scale.
+  bool norm_pass;
+  int64_t norm_block;
+  double* norm_sums;
+  float norm_scale;
 };
 
 #define TF_GLP_DECLARE_KERNELS(isa)                                      \

@@ -17,6 +17,9 @@
 // weight decay, the in-order float32 sum of the gradients, the slots (read
 // before, written after), and the scalars.
 //
+// A kind whose update needs norms of the whole variable (Lamb's trust ratio)
+// declares kNorms and runs in two passes, see Note [Per-variable norms].
+//
 // Everything else (the traits table, range and buffer checks, bytes moved,
 // the TensorFlow op, the Python fallback's dispatch) is generated from
 // UpdateFormulas; the Python side of a kind is one row in
@@ -250,6 +253,43 @@ struct ScheduleFreeAdamWFormula {
   }
 };
 
+// keras.optimizers.Lamb. Note [Per-variable norms]: the first pass updates
+// the slots and sums, per block of elements, the squares of the weight
+// (after weight decay) and of the update (Accumulate); the caller adds the
+// blocks up in order (double), takes the float32 square roots and Keras'
+// ratio (w_norm / g_norm where both are positive, else 1) times the learning
+// rate; the second pass recomputes the update from the new slots (the same
+// operations, so the same bits) and subtracts it scaled (Finish). The sums
+// are in another order than TensorFlow's reduce_sum, so the result matches
+// Keras to rounding, not bitwise; whatever the threads and instruction set,
+// it is the same (element i adds to partial i % 16 of its block).
+struct LambFormula {
+  static constexpr const char* kName = "lamb";
+  static constexpr int kSlots = 2;
+  static constexpr int kNorms = 2;
+  static constexpr const char* kScalars[] = {"learning_rate", "1 - beta_1", "1 - beta_2",
+                                             "1 - beta_1^t", "1 - beta_2^t", "epsilon"};
+  template <class T>
+  static T Update(const T* slot, const T* s) {
+    const T m_t_hat = slot[0] / s[3];
+    const T v_sqrt = sqrt(slot[1] / s[4]) + s[5];
+    return m_t_hat / v_sqrt;
+  }
+  template <class T>
+  static void Accumulate(const T& w, const T& g, T* slot, const T* s, T* norm) {
+    T &m = slot[0], &v = slot[1];
+    m = m + (g - m) * s[1];
+    v = v + (g * g - v) * s[2];
+    norm[0] = w;
+    norm[1] = Update(slot, s);
+  }
+  // `ratio_lr`: Keras' ratio * lr.
+  template <class T>
+  static void Finish(T& w, const T* slot, const T* s, const T& ratio_lr) {
+    w = w - ratio_lr * Update(slot, s);
+  }
+};
+
 template <class... Formulas>
 struct FormulaList {};
 
@@ -259,7 +299,22 @@ using UpdateFormulas =
                 AdamFormula<true>, RmspropFormula<false, false>, RmspropFormula<false, true>,
                 RmspropFormula<true, false>, RmspropFormula<true, true>, AdagradFormula,
                 AdamaxFormula, AdadeltaFormula, LionFormula, NadamFormula, FtrlFormula,
-                ScheduleFreeAdamWFormula>;
+                ScheduleFreeAdamWFormula, LambFormula>;
+
+template <class...>
+using VoidOf = void;
+// kNorms of a formula (0 where it declares none).
+template <class Formula, class = void>
+struct NormsOf {
+  static constexpr int value = 0;
+};
+template <class Formula>
+struct NormsOf<Formula, VoidOf<decltype(Formula::kNorms)>> {
+  static constexpr int value = Formula::kNorms;
+};
+inline constexpr int kMaxNorms = 2;
+// Elements per partial sum of Note [Per-variable norms], per block.
+inline constexpr int kNormPartials = 16;
 
 }  // namespace tf_glp::core
 

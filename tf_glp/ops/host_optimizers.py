@@ -81,7 +81,8 @@ class HostUpdate:
             in the formula's order, so that both paths give the same bits.
         exact: Whether the fallback gives the native op's bits (False where
             the formula calls pow: TensorFlow's and the C library's may
-            differ in the last bit).
+            differ in the last bit; or sums over the variable: in another
+            order).
 
     Example:
         >>> ADAM_UPDATE.slot_names, ADAM_UPDATE.bytes_per_parameter
@@ -206,6 +207,17 @@ def _schedule_free_adamw(var, slots, g, s) -> None:
     var.assign(c1 * momentum + beta_1 * x_new)
 
 
+def _lamb(var, slots, g, s) -> None:
+    (m, v), (lr, c1, c2, bias_1, bias_2, epsilon) = slots, s
+    m.assign(m + (g - m) * c1)
+    v.assign(v + (g * g - v) * c2)
+    update = (m / bias_1) / (tf.sqrt(v / bias_2) + epsilon)
+    w_norm = tf.sqrt(tf.reduce_sum(var * var))
+    g_norm = tf.sqrt(tf.reduce_sum(update * update))
+    ratio = tf.where(w_norm > 0, tf.where(g_norm > 0, w_norm / g_norm, 1.0), 1.0)
+    var.assign(var - ratio * lr * update)
+
+
 _ADAM_SCALARS = ("alpha", "1 - beta_1", "1 - beta_2", "epsilon")
 _RMSPROP_SCALARS = ("learning_rate", "rho", "1 - rho", "epsilon", "momentum")
 SGD_UPDATE = HostUpdate("sgd", (), ("learning_rate",), _sgd)
@@ -238,6 +250,10 @@ HOST_UPDATES = (
                ("learning_rate", "1 - beta_2", "1 - beta_2^t", "epsilon", "1 - beta_1", "beta_1", "1 / beta_1",
                 "1 - 1/t", "1/t"),
                _schedule_free_adamw),
+    # Its norms are sums over the variable, in another order than TensorFlow's
+    # (Note [Per-variable norms] in cc/core/update_formulas.h).
+    HostUpdate("lamb", ("m", "v"), ("learning_rate", "1 - beta_1", "1 - beta_2", "1 - beta_1^t", "1 - beta_2^t",
+                                    "epsilon"), _lamb, exact=False),
 )
 HOST_UPDATES_BY_KIND = {update.kind: update for update in HOST_UPDATES}
 

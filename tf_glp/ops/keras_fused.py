@@ -171,6 +171,13 @@ def _schedule_free_adamw(opt, lr) -> tuple:
             1.0 / beta_1, 1 - weight, weight)
 
 
+def _lamb(opt, lr) -> tuple:
+    local_step = _local_step(opt)
+    beta_1_power = tf.pow(_float32(opt.beta_1), local_step)
+    beta_2_power = tf.pow(_float32(opt.beta_2), local_step)
+    return lr, 1 - opt.beta_1, 1 - opt.beta_2, 1.0 - beta_1_power, 1.0 - beta_2_power, opt.epsilon
+
+
 _ADAM_SLOTS = ("_momentums", "_velocities")
 _AMSGRAD = HOST_UPDATES_BY_KIND["adam_amsgrad"]
 
@@ -211,14 +218,13 @@ FUSED_OPTIMIZER_TABLE: tuple[FusedOptimizer, ...] = (
                                                  _ftrl)),
     FusedOptimizer(keras.optimizers.ScheduleFreeAdamW, **_one(
         HOST_UPDATES_BY_KIND["schedule_free_adamw"], _ADAM_SLOTS, _schedule_free_adamw)),
+    FusedOptimizer(keras.optimizers.Lamb, **_one(HOST_UPDATES_BY_KIND["lamb"], _ADAM_SLOTS, _lamb)),
 )
 
 # The Keras optimizers left to Keras' own update, and why (explain() and
 # docs/strategy.md name them; tests/ops/test_fused_table.py pins the list
 # against keras.optimizers).
 KERAS_UPDATE_ONLY: dict[str, str] = {
-    "Lamb": "its trust ratio needs two norms of the whole variable before any weight is written "
-            "(a second pass, not built yet)",
     "Adafactor": "its factored second moments are row and column means (reductions, not built yet)",
     "Muon": "its Newton-Schulz iterations are matrix products, not an elementwise update",
     "LossScaleOptimizer": "a wrapper: the optimizer it wraps runs its own update, fused where that one is",
