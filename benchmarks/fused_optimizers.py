@@ -43,7 +43,7 @@ from results_file import write_section
 PARAMETERS = 16 * 1024 * 1024  # 64 MB of float32 weights: twice the 32 MB L3 here
 ROUNDS = 7
 CALLS = 3
-FIT_STEPS = 96
+FIT_STEPS = 256
 REPEATS = 2
 # (label, class name, settings).
 CASES = [
@@ -51,7 +51,7 @@ CASES = [
     ("Adam amsgrad", "Adam", {"amsgrad": True}), ("AdamW", "AdamW", {}), ("RMSprop", "RMSprop", {}),
     ("RMSprop centered momentum", "RMSprop", {"centered": True, "momentum": 0.9}), ("Adagrad", "Adagrad", {}),
     ("Adamax", "Adamax", {}), ("Adadelta", "Adadelta", {}), ("Lion", "Lion", {}), ("Nadam", "Nadam", {}),
-    ("Ftrl", "Ftrl", {}), ("ScheduleFreeAdamW", "ScheduleFreeAdamW", {}),
+    ("Ftrl", "Ftrl", {}), ("ScheduleFreeAdamW", "ScheduleFreeAdamW", {}), ("Lamb", "Lamb", {}),
 ]
 
 

@@ -203,9 +203,12 @@ struct NadamFormula {
 };
 
 // keras.optimizers.Ftrl: its pow is the C library's powf, not Eigen's (see
-// the note above).
+// the note above), lane by lane and so slow; with Keras' default
+// learning_rate_power -0.5 (kSqrt) the power is a square root, correctly
+// rounded and vectorized (TensorFlow's pow(x, 0.5) is neither).
+template <bool kSqrt>
 struct FtrlFormula {
-  static constexpr const char* kName = "ftrl";
+  static constexpr const char* kName = kSqrt ? "ftrl_sqrt" : "ftrl";
   static constexpr int kSlots = 2;
   static constexpr const char* kScalars[] = {
       "learning_rate", "2 * l2_shrinkage", "-learning_rate_power", "2 * l2",
@@ -217,12 +220,20 @@ struct FtrlFormula {
             &high = s[5];
     const T grad_to_use = g + two_l2_shrinkage * w;
     const T new_accumulator = accumulator + g * g;
-    const T new_power = pow(new_accumulator, power);
-    linear = linear + (grad_to_use - ((new_power - pow(accumulator, power)) / lr) * w);
+    const T new_power = Power(new_accumulator, power);
+    linear = linear + (grad_to_use - ((new_power - Power(accumulator, power)) / lr) * w);
     const T quadratic = new_power / lr + two_l2;
     const T linear_clipped = min(max(linear, low), high);
     w = (linear_clipped - linear) / quadratic;
     accumulator = new_accumulator;
+  }
+  template <class T>
+  static T Power(const T& x, const T& power) {
+    if constexpr (kSqrt) {
+      return sqrt(x);
+    } else {
+      return pow(x, power);
+    }
   }
 };
 
@@ -298,8 +309,8 @@ using UpdateFormulas =
     FormulaList<SgdFormula, MomentumFormula<false>, MomentumFormula<true>, AdamFormula<false>,
                 AdamFormula<true>, RmspropFormula<false, false>, RmspropFormula<false, true>,
                 RmspropFormula<true, false>, RmspropFormula<true, true>, AdagradFormula,
-                AdamaxFormula, AdadeltaFormula, LionFormula, NadamFormula, FtrlFormula,
-                ScheduleFreeAdamWFormula, LambFormula>;
+                AdamaxFormula, AdadeltaFormula, LionFormula, NadamFormula, FtrlFormula<false>,
+                FtrlFormula<true>, ScheduleFreeAdamWFormula, LambFormula>;
 
 template <class...>
 using VoidOf = void;

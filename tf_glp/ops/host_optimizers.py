@@ -185,16 +185,19 @@ def _nadam(var, slots, g, s) -> None:
     var.assign(var - (m_hat * lr) / (tf.sqrt(v_hat) + epsilon))
 
 
-def _ftrl(var, slots, g, s) -> None:
-    (accumulator, linear), (lr, two_l2_shrinkage, power, two_l2, low, high) = slots, s
-    grad_to_use = g + two_l2_shrinkage * var
-    new_accumulator = accumulator + g * g
-    new_power = tf.pow(new_accumulator, power)
-    linear.assign(linear + (grad_to_use - ((new_power - tf.pow(accumulator, power)) / lr) * var))
-    quadratic = new_power / lr + two_l2
-    linear_clipped = tf.minimum(tf.maximum(linear, low), high)
-    var.assign((linear_clipped - linear) / quadratic)
-    accumulator.assign(new_accumulator)
+def _ftrl(square_root: bool):
+    def step(var, slots, g, s) -> None:
+        (accumulator, linear), (lr, two_l2_shrinkage, power, two_l2, low, high) = slots, s
+        raise_to = (lambda x: tf.sqrt(x)) if square_root else (lambda x: tf.pow(x, power))
+        grad_to_use = g + two_l2_shrinkage * var
+        new_accumulator = accumulator + g * g
+        new_power = raise_to(new_accumulator)
+        linear.assign(linear + (grad_to_use - ((new_power - raise_to(accumulator)) / lr) * var))
+        quadratic = new_power / lr + two_l2
+        linear_clipped = tf.minimum(tf.maximum(linear, low), high)
+        var.assign((linear_clipped - linear) / quadratic)
+        accumulator.assign(new_accumulator)
+    return step
 
 
 def _schedule_free_adamw(var, slots, g, s) -> None:
@@ -220,6 +223,7 @@ def _lamb(var, slots, g, s) -> None:
 
 _ADAM_SCALARS = ("alpha", "1 - beta_1", "1 - beta_2", "epsilon")
 _RMSPROP_SCALARS = ("learning_rate", "rho", "1 - rho", "epsilon", "momentum")
+_FTRL_SCALARS = ("learning_rate", "2 * l2_shrinkage", "-learning_rate_power", "2 * l2", "-l1", "l1")
 SGD_UPDATE = HostUpdate("sgd", (), ("learning_rate",), _sgd)
 MOMENTUM_UPDATE = HostUpdate("momentum", ("momentum_slot",), ("learning_rate", "momentum"), _momentum(False))
 NESTEROV_UPDATE = HostUpdate("nesterov", ("momentum_slot",), ("learning_rate", "momentum"), _momentum(True))
@@ -243,9 +247,9 @@ HOST_UPDATES = (
     HostUpdate("nadam", ("momentum", "velocity"),
                ("learning_rate", "1 - beta_1", "1 - beta_2", "u_t_1", "1 - u_product_t_1", "1 - u_t",
                 "1 - u_product_t", "1 - beta_2^t", "epsilon"), _nadam),
-    HostUpdate("ftrl", ("accumulator", "linear"),
-               ("learning_rate", "2 * l2_shrinkage", "-learning_rate_power", "2 * l2", "-l1", "l1"), _ftrl,
-               exact=False),
+    HostUpdate("ftrl", ("accumulator", "linear"), _FTRL_SCALARS, _ftrl(False), exact=False),
+    # learning_rate_power -0.5: a square root (cc/core/update_formulas.h).
+    HostUpdate("ftrl_sqrt", ("accumulator", "linear"), _FTRL_SCALARS, _ftrl(True)),
     HostUpdate("schedule_free_adamw", ("momentum", "velocity"),
                ("learning_rate", "1 - beta_2", "1 - beta_2^t", "epsilon", "1 - beta_1", "beta_1", "1 / beta_1",
                 "1 - 1/t", "1/t"),

@@ -214,8 +214,11 @@ FUSED_OPTIMIZER_TABLE: tuple[FusedOptimizer, ...] = (
     FusedOptimizer(keras.optimizers.Lion, **_one(HOST_UPDATES_BY_KIND["lion"], ("_momentums",), _lion)),
     FusedOptimizer(keras.optimizers.Nadam, **_one(HOST_UPDATES_BY_KIND["nadam"], _ADAM_SLOTS, _nadam),
                    before_step=_nadam_u_product),
-    FusedOptimizer(keras.optimizers.Ftrl, **_one(HOST_UPDATES_BY_KIND["ftrl"], ("_accumulators", "_linears"),
-                                                 _ftrl)),
+    FusedOptimizer(keras.optimizers.Ftrl,
+                   host_updates=(HOST_UPDATES_BY_KIND["ftrl"], HOST_UPDATES_BY_KIND["ftrl_sqrt"]),
+                   host_update=lambda opt: HOST_UPDATES_BY_KIND["ftrl_sqrt" if opt.learning_rate_power == -0.5
+                                                                else "ftrl"],
+                   slot_attributes=lambda opt: ("_accumulators", "_linears"), step_scalars=_ftrl),
     FusedOptimizer(keras.optimizers.ScheduleFreeAdamW, **_one(
         HOST_UPDATES_BY_KIND["schedule_free_adamw"], _ADAM_SLOTS, _schedule_free_adamw)),
     FusedOptimizer(keras.optimizers.Lamb, **_one(HOST_UPDATES_BY_KIND["lamb"], _ADAM_SLOTS, _lamb)),
