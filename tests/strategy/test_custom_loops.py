@@ -190,11 +190,11 @@ def test_loss_scaled_custom_loop(name, update):
 
 
 # fit with a LossScaleOptimizer: the optimizers whose step takes another
-# path under tf_glp (the fused host update: those tf_glp fuses; Keras' own on
-# the host: RMSprop; a build that writes: ScheduleFreeAdamW). Every
-# optimizer goes through fit in test_drop_in.py and through the loss-scaled
-# step in the custom loop above.
-LOSS_SCALED_FIT = sorted({row.name for row in FUSED_OPTIMIZER_TABLE} | {"RMSprop", "ScheduleFreeAdamW"})
+# path under tf_glp (the fused host update: those tf_glp fuses, among them a
+# build that writes: ScheduleFreeAdamW; Keras' own on the host: Adafactor).
+# Every optimizer goes through fit in test_drop_in.py and through the
+# loss-scaled step in the custom loop above.
+LOSS_SCALED_FIT = sorted({row.name for row in FUSED_OPTIMIZER_TABLE} | {"Adafactor"})
 
 
 @pytest.mark.parametrize("update", MODES)
@@ -212,7 +212,7 @@ def test_loss_scaled_fit(name, update):
 WAYS = ["list", "generator", "reversed", "apply", "apply-tuple", "built-from-a-tuple"]
 OPTIMIZERS = {
     "Adam": lambda: keras.optimizers.Adam(1e-2),
-    "LossScaleOptimizer-RMSprop": lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.RMSprop(1e-2)),
+    "LossScaleOptimizer-Adafactor": lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adafactor(1e-2)),
 }
 
 
@@ -223,7 +223,7 @@ def test_every_way_to_hand_over_gradients(how, optimizer, update):
     """`apply_gradients` with a list, a generator or another variable order
     than the model's, and `apply` with lists or tuples: the optimizer
     unbuilt (or built by the user from a tuple), in float32 (Adam is fused under update="host", a wrapped
-    RMSprop is not)."""
+    Adafactor is not)."""
 
     def train(strategy, reference=False):
         return _custom_loop(strategy, OPTIMIZERS[optimizer], how=how, policy="float32", built=reference)
