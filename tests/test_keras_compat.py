@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from tf_glp._keras import compat
+from tf_glp.ops.keras_fused import FUSED_OPTIMIZER_TABLE
 
 
 def test_installed_versions_are_those_written_for():
@@ -37,8 +38,6 @@ def test_optimizer_internals_on_real_optimizers():
     adam = _built(keras.optimizers.AdamW(use_ema=True, gradient_accumulation_steps=2), variables)
     for index, variable in enumerate(variables):
         assert compat.variable_index(adam, variable) == index
-        first, second = compat.adam_slots(adam, index)
-        assert first.shape == second.shape == variable.shape
     assert compat.built_variables(adam) == variables
     # Built from a tuple (as `apply_gradients(zip(...))` builds it), inside a
     # wrapper: still a list, the inner optimizer's variables included.
@@ -51,6 +50,23 @@ def test_optimizer_internals_on_real_optimizers():
     sgd = _built(keras.optimizers.SGD(0.1, weight_decay=0.5), [variable])
     compat.apply_weight_decay_to_copy(sgd, [variable])
     np.testing.assert_allclose(variable.numpy(), 4.0 - 4.0 * 0.5 * 0.1)
+
+
+@pytest.mark.parametrize("row", FUSED_OPTIMIZER_TABLE, ids=lambda row: row.name)
+def test_every_fused_optimizers_slot_lists(row):
+    """The private slot lists each FusedOptimizer row names (through
+    compat.optimizer_slot), with every setting that changes them."""
+    settings = {"SGD": [{"momentum": 0.9}], "Adam": [{"amsgrad": True}], "AdamW": [{"amsgrad": True}],
+                "RMSprop": [{"centered": True, "momentum": 0.9}]}.get(row.name, [{}])
+    for kwargs in settings:
+        variables = [keras.Variable(np.ones((3, 2), np.float32)), keras.Variable(np.zeros(2, np.float32))]
+        optimizer = _built(row.optimizer_class(**kwargs), variables)
+        for index, variable in enumerate(variables):
+            slots = [compat.optimizer_slot(optimizer, name, index) for name in row.slot_attributes(optimizer)]
+            assert slots and all(slot.shape == variable.shape for slot in slots), row.name
+            assert len({id(slot) for slot in slots}) == len(slots)
+    nadam = _built(keras.optimizers.Nadam(), [keras.Variable(np.ones(2, np.float32))])
+    assert float(compat.nadam_u_product(nadam).numpy()) == 1.0
 
 
 def test_optimizer_variables_are_told_apart_by_the_name_scope():

@@ -125,7 +125,8 @@ INTERNALS = {
 # a CollectiveAllReduceExtended's _num_workers, _worker_device,
 # _id_in_cluster, _is_chief, _collective_keys, _cross_device_ops and
 # _host_cross_device_ops):
-# an optimizer's slot lists (adam_slots, built_variables), the Keras
+# an optimizer's slot lists (optimizer_slot: every fused optimizer's,
+# built_variables), Nadam's `_u_product`, the Keras
 # name-scope stack (creating_optimizer_variable), a Keras variable's
 # tf.Variable (keras_variable_value), a model's `_loss_tracker` and
 # `_call_has_training_arg` (micro-batches), its `_compile_metrics` and
