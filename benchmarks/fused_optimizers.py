@@ -210,6 +210,7 @@ def main() -> None:
     labels = [case[0] for case in CASES]
     parser.add_argument("--part", choices=["update", "fit", "both"], default="both")
     parser.add_argument("--optimizers", nargs="+", default=labels, choices=labels)
+    parser.add_argument("--repeats", type=int, default=REPEATS, help=f"fits per way and optimizer (default {REPEATS})")
     parser.add_argument("--write-results", action="store_true")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -231,7 +232,7 @@ def main() -> None:
         fits = {}
         for label in args.optimizers:
             fits[label] = {"plain": [], "tf_glp": [], "explain": ""}
-            for index in range(REPEATS):
+            for index in range(args.repeats):
                 for way in (("plain", "tf_glp") if index % 2 == 0 else ("tf_glp", "plain")):
                     result = run_child(__file__, "fit", way, label)
                     fits[label][way].append(result["seconds"])
@@ -242,7 +243,7 @@ def main() -> None:
         print("\n".join(rows))
         text += ["", f"A whole first fit of the wide MLP (1024-4096-4096-10, batch 32, {FIT_STEPS} steps; a fresh "
                  f"process per fit: import, build, compile, tracing and start-up measurement included), "
-                 f"{REPEATS} interleaved repetitions.", "", *rows]
+                 f"{args.repeats} interleaved repetitions.", "", *rows]
     print(f"benchmark took {time.time() - start:.0f} s")
     if args.write_results:
         write_section("Fused optimizer updates against Keras' own", "\n".join(text))

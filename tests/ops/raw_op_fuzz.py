@@ -61,8 +61,9 @@ ALLOWED_ERRORS = (
 # the output dtype (Note [16-bit layers]).
 RTOL = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 1e-2}
 # Glp>HostApply against its fallback where they may differ in the last bits
-# (HostUpdate.exact False: the formula calls pow): relative to each value or
-# to the variable's largest (at least 1). The fallback then runs with the C
+# (HostUpdate.exact False: Ftrl's pow, Lamb's sums over the variable):
+# relative to each value or to the variable's largest (at least 1). The
+# fallback then runs with the C
 # library's powf, as the kernel does (_c_library_pow): with TensorFlow's pow,
 # one bit of difference in Ftrl's `(pow(new) - pow(old)) / lr` grows by 1/lr
 # (up to 1e7 here; seen: 1.88 apart where the largest value is 2.6e4).
