@@ -10,22 +10,26 @@
 // Step, over `T`, a float32 value (one element or one vector of lanes)
 // whose + - * / are the machine's float32 operations, one at a time, in the
 // order written (the core is compiled without FMA contraction). So each line
-// of a Step is the line of Keras it names, evaluated by TensorFlow's kernels
-// the same way, and the results match Keras bitwise wherever Keras' own
-// expression has no transcendental function (pow: Ftrl; the fused result is
-// then within a few ulp, tests say which). Step receives the parameter after
-// weight decay, the in-order float32 sum of the gradients, the slots (read
-// before, written after), and the scalars.
+// of a Step is the line of Keras it names, evaluated as TensorFlow evaluates
+// it inside a tf.function (where Grappler rewrites a line, the formula says
+// so and follows the rewrite), and the results match Keras bitwise wherever
+// Keras' own expression has no pow (Ftrl) and no sum over the variable
+// (Lamb): those match to rounding (docs/numerics.md; the tests say how
+// close). Step receives the parameter after weight decay, the in-order
+// float32 sum of the gradients, the slots (read before, written after), and
+// the scalars.
 //
 // A kind whose update needs norms of the whole variable (Lamb's trust ratio)
 // declares kNorms and runs in two passes, see Note [Per-variable norms].
 //
 // Everything else (the traits table, range and buffer checks, bytes moved,
-// the TensorFlow op, the Python fallback's dispatch) is generated from
-// UpdateFormulas; the Python side of a kind is one row in
-// tf_glp/ops/fused_optimizers.py. This header includes nothing (it is
-// compiled into the per-ISA kernel files, see kernels_impl.inc) and is all
-// templates, so each ISA's instantiation has internal linkage.
+// the per-ISA dispatch, the TensorFlow kernel of Glp>HostApply) is generated
+// from UpdateFormulas; the Python side of a kind is its HostUpdate row (with
+// the pure-TensorFlow fallback) in tf_glp/ops/host_optimizers.py, and the
+// Keras classes that use it are rows in tf_glp/ops/keras_fused.py. This
+// header includes nothing (it is compiled into the per-ISA kernel files, see
+// kernels_impl.inc) and is all templates, so each ISA's instantiation has
+// internal linkage.
 #ifndef TF_GLP_CC_CORE_UPDATE_FORMULAS_H_
 #define TF_GLP_CC_CORE_UPDATE_FORMULAS_H_
 

@@ -1,7 +1,7 @@
 """Fused host optimizer updates on float32 resource variables.
 
 Each call reads the N gradients, the variable and its slots once and writes
-the variable and slots once, with Keras 3's formulas (see
+the variable and slots once (Lamb: in two passes, its norms between them), with Keras 3's formulas (see
 cc/core/host_optimizers.h). Hyper-parameters are float32 scalars (Python
 numbers or tensors, so learning-rate schedules work); `one_minus_beta_*` are
 passed as Keras computes them (`1 - beta` in double precision, then float32).
