@@ -2,7 +2,7 @@
 
 Each call reads the N gradients, the variable and its slots once and writes
 the variable and slots once (Lamb: in two passes, its norms between them), with Keras 3's formulas (see
-cc/core/host_optimizers.h). Hyper-parameters are float32 scalars (Python
+cc/core/update_formulas.h). Hyper-parameters are float32 scalars (Python
 numbers or tensors, so learning-rate schedules work); `one_minus_beta_*` are
 passed as Keras computes them (`1 - beta` in double precision, then float32).
 
