@@ -189,12 +189,14 @@ def test_loss_scaled_custom_loop(name, update):
     assert ours[2]["loss_scale_optimizer/step_counter"] == STEPS  # every step was taken
 
 
-# fit with a LossScaleOptimizer: the optimizers whose step takes another
-# path under tf_glp (the fused host update: those tf_glp fuses, among them a
-# build that writes: ScheduleFreeAdamW; Keras' own on the host: Adafactor).
-# Every optimizer goes through fit in test_drop_in.py and through the
-# loss-scaled step in the custom loop above.
-LOSS_SCALED_FIT = sorted({row.name for row in FUSED_OPTIMIZER_TABLE} | {"Adafactor"})
+# fit with a LossScaleOptimizer: one optimizer per path its step takes under
+# tf_glp (the fused host update without slots and with them: SGD, Adam; a
+# fused one whose Keras step keeps state of its own: Nadam; a build that
+# writes: ScheduleFreeAdamW; Keras' own on the host: Adafactor). Every
+# optimizer goes through fit in test_drop_in.py and through the loss-scaled
+# step in the custom loop above (five here keep the suite's time).
+LOSS_SCALED_FIT = ["Adafactor", "Adam", "Nadam", "SGD", "ScheduleFreeAdamW"]
+assert {"Adam", "Nadam", "SGD", "ScheduleFreeAdamW"} <= {row.name for row in FUSED_OPTIMIZER_TABLE}
 
 
 @pytest.mark.parametrize("update", MODES)
