@@ -147,13 +147,24 @@ def _fit(strategy, make_optimizer):
     return _state(model, model.optimizer, losses)
 
 
+# Fused updates that match Keras' to rounding only (docs/numerics.md): Ftrl's
+# difference of two powers turns their last-bit difference into up to 3e-5
+# relative on a slot value near others 100x larger (seen once, with the
+# Grappler options the worker's earlier tests left), Lamb's norms are sums in
+# another order. Their values are compared against each array's largest.
+TO_ROUNDING = {"Ftrl", "Lamb"}
+
+
 def _assert_same(ours, reference, what):
     np.testing.assert_allclose(ours[0], reference[0], rtol=RTOL, err_msg=f"{what}: loss")
+    def atol(value):
+        return RTOL * max(1.0, float(np.abs(value).max())) if what in TO_ROUNDING else ATOL
+
     for a, b in zip(ours[1], reference[1], strict=True):
-        np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL, err_msg=f"{what}: weights")
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=atol(b), err_msg=f"{what}: weights")
     assert ours[2].keys() == reference[2].keys(), what
     for path, value in reference[2].items():
-        np.testing.assert_allclose(ours[2][path], value, rtol=RTOL, atol=ATOL, err_msg=f"{what}: {path}")
+        np.testing.assert_allclose(ours[2][path], value, rtol=RTOL, atol=atol(value), err_msg=f"{what}: {path}")
 
 
 _REFERENCES: dict = {}
