@@ -70,14 +70,6 @@ struct VecOps {
         _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_LT_OQ), _mm256_set1_ps(-1.0f)));
     return _mm256_blendv_ps(s, a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
   }
-  // Lane by lane (there is no vector powf): the same function as the scalar path.
-  static F Pow(F a, F b) {
-    alignas(32) float x[kLanes], y[kLanes];
-    _mm256_store_ps(x, a);
-    _mm256_store_ps(y, b);
-    for (int k = 0; k < kLanes; ++k) x[k] = __builtin_powf(x[k], y[k]);
-    return _mm256_load_ps(x);
-  }
 };
 }  // namespace
 #include "cc/core/kernels_impl.inc"

@@ -71,14 +71,6 @@ struct VecOps {
     s = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, zero, _CMP_LT_OQ), s, _mm512_set1_ps(-1.0f));
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), s, a);
   }
-  // Lane by lane (there is no vector powf): the same function as the scalar path.
-  static F Pow(F a, F b) {
-    alignas(64) float x[kLanes], y[kLanes];
-    _mm512_store_ps(x, a);
-    _mm512_store_ps(y, b);
-    for (int k = 0; k < kLanes; ++k) x[k] = __builtin_powf(x[k], y[k]);
-    return _mm512_load_ps(x);
-  }
 };
 }  // namespace
 #include "cc/core/kernels_impl.inc"
