@@ -80,7 +80,7 @@ _NOT_KERAS_POW = {"ftrl_sqrt"}
 # largest weight (seen: 6e-6 apart where that is 365). So these rows are
 # compared after every step, each step from Keras' state, to this fraction
 # of each value or of the variable's largest.
-_POW_RTOL = 1e-5
+_TO_ROUNDING_RTOL = 1e-5
 
 
 def _keras_optimizer_names():
@@ -220,7 +220,7 @@ def exact_keras():
 @pytest.mark.parametrize("case", _keras_cases(), ids=lambda case: case[0])
 def test_fused_update_matches_keras_over_30_steps(case, exact_keras):
     """FusedKerasUpdate over 2 replicas' gradients against Keras' own apply
-    of their sum: bitwise (pow rows: _POW_TOLERANCE), slots included, with
+    of their sum: bitwise (the rows compared to rounding: step by step, _TO_ROUNDING_RTOL), slots included, with
     one variable excluded from weight decay."""
     _, make = case
     rng = np.random.default_rng(7)
@@ -256,7 +256,7 @@ def test_fused_update_matches_keras_over_30_steps(case, exact_keras):
         if not exact:  # each step from Keras' state: the last bit is not amplified over steps
             for k, f in zip(keras_state, fused_state):
                 scale = max(1.0, float(np.abs(k.numpy()).max()))
-                np.testing.assert_allclose(f.numpy(), k.numpy(), rtol=_POW_RTOL, atol=_POW_RTOL * scale)
+                np.testing.assert_allclose(f.numpy(), k.numpy(), rtol=_TO_ROUNDING_RTOL, atol=_TO_ROUNDING_RTOL * scale)
                 f.assign(k)
     assert int(fused_opt.iterations.numpy()) == 30
     for k, f in zip(keras_state, fused_state):
