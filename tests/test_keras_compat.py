@@ -63,10 +63,19 @@ def test_every_fused_optimizers_slot_lists(row):
         optimizer = _built(row.optimizer_class(**kwargs), variables)
         for index, variable in enumerate(variables):
             slots = [compat.optimizer_slot(optimizer, name, index) for name in row.slot_attributes(optimizer)]
-            assert slots and all(slot.shape == variable.shape for slot in slots), row.name
+            update = row.host_update(optimizer)
+            assert slots and all(slot.shape == update.slot_shape(k, variable.shape)
+                                 for k, slot in enumerate(slots)), row.name
             assert len({id(slot) for slot in slots}) == len(slots)
     nadam = _built(keras.optimizers.Nadam(), [keras.Variable(np.ones(2, np.float32))])
     assert float(compat.nadam_u_product(nadam).numpy()) == 1.0
+
+
+def test_learning_rate_is_callable_as_adafactor_tests_it():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=10, decay_rate=0.5)
+    assert compat.learning_rate_is_callable(keras.optimizers.Adafactor(schedule))
+    assert compat.learning_rate_is_callable(keras.optimizers.Adafactor(lambda: 0.01))
+    assert not compat.learning_rate_is_callable(keras.optimizers.Adafactor(0.01))
 
 
 def test_optimizer_variables_are_told_apart_by_the_name_scope():

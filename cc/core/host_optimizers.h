@@ -32,12 +32,13 @@ struct UpdateTraits {
   int scalars;       // float32 hyper-parameters, in the op's order
   const char* const* scalar_names;  // for messages
   int norms;  // per-variable norms (Note [Per-variable norms]): 0 or 2
+  bool factored;  // slots 0 and 1 are factored (Note [Factored second moments])
 };
 
 template <class... Formulas>
 constexpr std::array<UpdateTraits, sizeof...(Formulas)> TraitsOf(FormulaList<Formulas...>) {
   return {{{Formulas::kName, Formulas::kSlots, static_cast<int>(std::size(Formulas::kScalars)),
-            Formulas::kScalars, NormsOf<Formulas>::value}...}};
+            Formulas::kScalars, NormsOf<Formulas>::value, FactoredOf<Formulas>::value}...}};
 }
 
 // Indexed by UpdateArgs::kind.
@@ -76,11 +77,22 @@ inline int FindUpdateKind(std::string_view name) {
 // Bytes one element's update reads and writes: each gradient once, the
 // parameter and each slot read and written (float32). With one float32
 // gradient: sgd 12, momentum 20, adam 28 (tf_glp's cost model uses the
-// same figures, tf_glp/ops/host_optimizers.py).
+// same figures, tf_glp/ops/host_optimizers.py). A kind with norms reads
+// more in its passes: lamb 40, adafactor 32 (its r and c are per row and
+// column, not per element).
 inline int64_t UpdateBytesPerElement(const UpdateTraits& traits,
                                      int num_grads, DType grad_dtype) {
-  return num_grads * DTypeSize(grad_dtype) +
-         (1 + traits.slots) * 2 * static_cast<int64_t>(sizeof(float));
+  const int64_t grad = num_grads * DTypeSize(grad_dtype), value = sizeof(float);
+  if (traits.factored) {
+    // g and w; g, v written; g, v and w, w written.
+    return 3 * grad + 5 * value;
+  }
+  if (traits.norms > 0) {
+    // The first pass reads the gradient, parameter and slots and writes the
+    // slots; the second reads the parameter and slots, writes the parameter.
+    return grad + (3 + 3 * traits.slots) * value;
+  }
+  return grad + (1 + traits.slots) * 2 * value;
 }
 
 // The update to apply: UpdateArgs' scalars are float32 values already
@@ -91,6 +103,10 @@ inline int64_t UpdateBytesPerElement(const UpdateTraits& traits,
 struct HostUpdateSpec {
   UpdateArgs args{};
   int64_t num_elements = 0;
+  // A factored kind on a variable of rank >= 2: its last two dimensions
+  // (0 for a variable of rank < 2, which runs unfactored).
+  int64_t factor_rows = 0;
+  int64_t factor_cols = 0;
 };
 
 // Returns an empty string on success, else a message naming the bad argument

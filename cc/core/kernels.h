@@ -36,6 +36,10 @@ struct ReduceArgs {
 };
 
 // One fused optimizer update (Note [Update formulas] in update_formulas.h).
+// The passes of a kind with norms (elementwise kinds have one pass and
+// ignore UpdateArgs::pass).
+enum class UpdatePass { kNorms, kFinish, kFactorStats, kFactoredNorms };
+
 struct UpdateArgs {
   int kind;  // an index into UpdateFormulas
   const void* const* grads;  // num_grads arrays of grad_dtype, summed in order
@@ -55,13 +59,23 @@ struct UpdateArgs {
   float decay_rate;
   float decay_learning_rate;
   // Kinds with norms (Note [Per-variable norms] in update_formulas.h): the
-  // first pass (norm_pass) writes, for each block of norm_block elements
-  // from 0, its sums of squares to norm_sums[block * kNorms + k]; the second
-  // pass scales the update by norm_scale.
-  bool norm_pass;
+  // pass to run; the first pass (kNorms) writes, for each block of
+  // norm_block elements from 0, its sums of squares to
+  // norm_sums[block * kNorms + k]; the second (kFinish) takes the scalars
+  // Formula::Scales computed from them.
+  UpdatePass pass;
   int64_t norm_block;
   double* norm_sums;
-  float norm_scale;
+  float norm_scales[kMaxNormScales];
+  // Factored kinds on a variable of rank >= 2 (Note [Factored second
+  // moments] in kernels_impl.inc): its last two dimensions, the rows per
+  // task (the ranges of kFactorStats and kFactoredNorms are tasks), the
+  // per-task column sums and the row factors.
+  int64_t factor_rows;
+  int64_t factor_cols;
+  int64_t rows_per_task;
+  double* column_sums;
+  float* row_factors;
 };
 
 #define TF_GLP_DECLARE_KERNELS(isa)                                      \

@@ -14,13 +14,16 @@
 // it inside a tf.function (where Grappler rewrites a line, the formula says
 // so and follows the rewrite), and the results match Keras bitwise wherever
 // Keras' own expression has no pow (Ftrl) and no sum over the variable
-// (Lamb): those match to rounding (docs/numerics.md; the tests say how
+// (Lamb, Adafactor): those match to rounding (docs/numerics.md; the tests say how
 // close). Step receives the parameter after weight decay, the in-order
 // float32 sum of the gradients, the slots (read before, written after), and
 // the scalars.
 //
-// A kind whose update needs norms of the whole variable (Lamb's trust ratio)
-// declares kNorms and runs in two passes, see Note [Per-variable norms].
+// A kind whose update needs norms of the whole variable (Lamb's trust ratio,
+// Adafactor's rms) declares kNorms, Scales and a Finish, and runs in two
+// passes, see Note [Per-variable norms]; one whose slots are means over rows
+// and columns (Adafactor) declares kFactored too, see Note [Factored second
+// moments].
 //
 // Everything else (the traits table, range and buffer checks, bytes moved,
 // the per-ISA dispatch, the TensorFlow kernel of Glp>HostApply) is generated
@@ -271,17 +274,18 @@ struct ScheduleFreeAdamWFormula {
 // keras.optimizers.Lamb. Note [Per-variable norms]: the first pass updates
 // the slots and sums, per block of elements, the squares of the weight
 // (after weight decay) and of the update (Accumulate); the caller adds the
-// blocks up in order (double), takes the float32 square roots and Keras'
-// ratio (w_norm / g_norm where both are positive, else 1) times the learning
-// rate; the second pass recomputes the update from the new slots (the same
-// operations, so the same bits) and subtracts it scaled (Finish). The sums
-// are in another order than TensorFlow's reduce_sum, so the result matches
-// Keras to rounding, not bitwise; whatever the threads and instruction set,
-// it is the same (element i adds to partial i % 16 of its block).
+// blocks up in order (double); Scales takes Keras' ratio (w_norm / g_norm
+// where both are positive, else 1) times the learning rate; the second pass
+// recomputes the update from the new slots (the same operations, so the same
+// bits) and subtracts it scaled (Finish). The sums are in another order than
+// TensorFlow's reduce_sum, so the result matches Keras to rounding, not
+// bitwise; whatever the threads and instruction set, it is the same (element
+// i adds to partial i % 16 of its block).
 struct LambFormula {
   static constexpr const char* kName = "lamb";
   static constexpr int kSlots = 2;
   static constexpr int kNorms = 2;
+  static constexpr bool kFinishReadsGradient = false;
   static constexpr const char* kScalars[] = {"learning_rate", "1 - beta_1", "1 - beta_2",
                                              "1 - beta_1^t", "1 - beta_2^t", "epsilon"};
   template <class T>
@@ -298,10 +302,78 @@ struct LambFormula {
     norm[0] = w;
     norm[1] = Update(slot, s);
   }
-  // `ratio_lr`: Keras' ratio * lr.
+  // `sums`: the sums of squares of the norm values over the variable's
+  // `count` elements; `scale`: Finish's scalars (float32, as Keras computes
+  // them).
+  static void Scales(const double* sums, long long /*count*/, const float* s, float* scale) {
+    const float w_norm = __builtin_sqrtf(static_cast<float>(sums[0]));
+    const float g_norm = __builtin_sqrtf(static_cast<float>(sums[1]));
+    const float ratio = w_norm > 0.0f && g_norm > 0.0f ? w_norm / g_norm : 1.0f;
+    scale[0] = ratio * s[0];  // ratio * lr
+  }
   template <class T>
-  static void Finish(T& w, const T* slot, const T* s, const T& ratio_lr) {
-    w = w - ratio_lr * Update(slot, s);
+  static void Finish(T& w, const T& /*g*/, const T* slot, const T* s, const T* scale) {
+    w = w - scale[0] * Update(slot, s);
+  }
+};
+
+// keras.optimizers.Adafactor. Slots r, c (the factored second moments: row
+// and column means, of shapes var.shape[:-1] and var.shape[:-2] +
+// var.shape[-1:]; Keras' scalar placeholders for a variable of rank < 2) and
+// v (the second moment, the variable's shape); Keras' rms(variable) and
+// rms(u_t) are its two norms. A variable of rank < 2 runs as Lamb does
+// (Accumulate, Scales, Finish); one of rank >= 2, as a stack of matrices,
+// in the three passes of Note [Factored second moments] (kernels_impl.inc),
+// which use Square, Average, Velocity and Update. The means are sums in
+// double (another order than TensorFlow's), so the result matches Keras to
+// rounding; whatever the threads and instruction set, it is the same.
+struct AdafactorFormula {
+  static constexpr const char* kName = "adafactor";
+  static constexpr int kSlots = 3;
+  static constexpr int kNorms = 2;
+  static constexpr bool kFactored = true;
+  static constexpr bool kFinishReadsGradient = true;
+  static constexpr const char* kScalars[] = {"rho_t",     "beta_2_t",  "1 - beta_2_t",
+                                             "epsilon_1", "epsilon_2", "clip_threshold"};
+  // regulated_grad_square
+  template <class T>
+  static T Square(const T& g, const T* s) {
+    return g * g + s[3];
+  }
+  // The running average of r, c (from their means of Square) or v.
+  template <class T>
+  static T Average(const T& old, const T& term, const T* s) {
+    return s[1] * old + s[2] * term;
+  }
+  // v = (r / mean(r))[row] * c[column], `row_factor` the first.
+  template <class T>
+  static T Velocity(const T& row_factor, const T& c) {
+    return row_factor * c;
+  }
+  template <class T>
+  static T Update(const T& g, const T& v) {
+    return g / sqrt(v);  // u_t
+  }
+  template <class T>
+  static void Accumulate(const T& w, const T& g, T* slot, const T* s, T* norm) {
+    T& v = slot[2];
+    v = Average(v, Square(g, s), s);
+    norm[0] = w;
+    norm[1] = Update(g, v);
+  }
+  // alpha_t = max(epsilon_2, rms(w)) * rho_t; the divisor of u_t_hat,
+  // max(1, rms(u_t) / clip_threshold).
+  static void Scales(const double* sums, long long count, const float* s, float* scale) {
+    const float n = static_cast<float>(count);
+    const float rms_w = __builtin_sqrtf(static_cast<float>(sums[0]) / n);
+    const float rms_u = __builtin_sqrtf(static_cast<float>(sums[1]) / n);
+    scale[0] = (s[4] > rms_w ? s[4] : rms_w) * s[0];
+    const float clipped = rms_u / s[5];
+    scale[1] = 1.0f > clipped ? 1.0f : clipped;
+  }
+  template <class T>
+  static void Finish(T& w, const T& g, const T* slot, const T* s, const T* scale) {
+    w = w - scale[0] * (Update(g, slot[2]) / scale[1]);
   }
 };
 
@@ -314,7 +386,7 @@ using UpdateFormulas =
                 AdamFormula<true>, RmspropFormula<false, false>, RmspropFormula<false, true>,
                 RmspropFormula<true, false>, RmspropFormula<true, true>, AdagradFormula,
                 AdamaxFormula, AdadeltaFormula, LionFormula, NadamFormula, FtrlFormula<false>,
-                FtrlFormula<true>, ScheduleFreeAdamWFormula, LambFormula>;
+                FtrlFormula<true>, ScheduleFreeAdamWFormula, LambFormula, AdafactorFormula>;
 
 template <class...>
 using VoidOf = void;
@@ -327,7 +399,18 @@ template <class Formula>
 struct NormsOf<Formula, VoidOf<decltype(Formula::kNorms)>> {
   static constexpr int value = Formula::kNorms;
 };
+// kFactored of a formula (false where it declares none).
+template <class Formula, class = void>
+struct FactoredOf {
+  static constexpr bool value = false;
+};
+template <class Formula>
+struct FactoredOf<Formula, VoidOf<decltype(Formula::kFactored)>> {
+  static constexpr bool value = Formula::kFactored;
+};
 inline constexpr int kMaxNorms = 2;
+// Scalars a second pass takes from the norms (Formula::Scales).
+inline constexpr int kMaxNormScales = 2;
 // Elements per partial sum of Note [Per-variable norms], per block.
 inline constexpr int kNormPartials = 16;
 

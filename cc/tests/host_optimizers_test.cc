@@ -48,6 +48,11 @@ float ScalarValue(const std::string& name) {
   if (name == "l1") return 0.01f;
   if (name == "-l1") return -0.01f;
   if (name == "-learning_rate_power") return 0.5f;
+  if (name == "beta_2_t") return 0.8f;
+  if (name == "1 - beta_2_t") return 1.0f - 0.8f;
+  if (name == "epsilon_1") return 1e-30f;
+  if (name == "epsilon_2") return 1e-3f;
+  if (name == "clip_threshold") return 1.0f;
   return 0.01f;  // learning rates, bias corrections, regularization
 }
 
@@ -235,11 +240,14 @@ TEST(UpdateTraitsDriveTheChecks) {
   EXPECT_EQ(UpdateBytesPerElement(kUpdateTraits[FindUpdateKind("momentum")], 1, DType::kFloat32), 20);
   EXPECT_EQ(UpdateBytesPerElement(kUpdateTraits[FindUpdateKind("adam")], 1, DType::kFloat32), 28);
   EXPECT_EQ(UpdateBytesPerElement(kUpdateTraits[FindUpdateKind("adam_amsgrad")], 1, DType::kFloat32), 36);
+  EXPECT_EQ(UpdateBytesPerElement(kUpdateTraits[FindUpdateKind("lamb")], 1, DType::kFloat32), 40);
+  EXPECT_EQ(UpdateBytesPerElement(kUpdateTraits[FindUpdateKind("adafactor")], 1, DType::kFloat32), 32);
   SerialRunner serial;
   for (int k = 0; k < kNumUpdateKinds; ++k) {
     const UpdateTraits& traits = kUpdateTraits[k];
+    const int gradient_reads = traits.factored ? 3 : 1;
     EXPECT_EQ(UpdateBytesPerElement(traits, 3, DType::kBFloat16),
-              UpdateBytesPerElement(traits, 1, DType::kFloat32) - 4 + 3 * 2);
+              UpdateBytesPerElement(traits, 1, DType::kFloat32) + gradient_reads * (3 * 2 - 4));
     EXPECT_EQ(FindUpdateKind(traits.name), k);
     // Exactly the slots in the row are needed.
     float param = 1.0f, slots[kMaxSlots] = {}, grad = 1.0f;
@@ -259,6 +267,135 @@ TEST(UpdateTraitsDriveTheChecks) {
       }
     }
   }
+}
+
+
+// Adafactor on stacks of matrices (Note [Factored second moments]): the same
+// bits whatever the instruction set, threads and source buffer, and Keras'
+// formulas (adafactor.py, with sums in double) to rounding.
+struct Factored {
+  int64_t matrices, rows, cols;
+  int64_t size() const { return matrices * rows * cols; }
+};
+
+void ReferenceAdafactorStep(const UpdateArgs& a, const Factored& f, const float* g, State* s) {
+  const float* k = a.scalars;  // rho_t, beta_2_t, 1 - beta_2_t, epsilon_1, epsilon_2, clip
+  const int64_t size = f.size();
+  std::vector<float> w(s->param), v(size);
+  double w_squares = 0.0;
+  for (int64_t i = 0; i < size; ++i) {
+    if (a.weight_decay) w[i] = w[i] - w[i] * a.decay_rate * a.decay_learning_rate;
+    w_squares += static_cast<double>(w[i] * w[i]);
+  }
+  for (int64_t b = 0; b < f.matrices; ++b) {
+    float* r = s->slots[0].data() + b * f.rows;
+    float* c = s->slots[1].data() + b * f.cols;
+    const float* gb = g + b * f.rows * f.cols;
+    auto square = [&](int64_t m, int64_t n) { return gb[m * f.cols + n] * gb[m * f.cols + n] + k[3]; };
+    for (int64_t m = 0; m < f.rows; ++m) {
+      double sum = 0.0;
+      for (int64_t n = 0; n < f.cols; ++n) sum += square(m, n);
+      r[m] = k[1] * r[m] + k[2] * (static_cast<float>(sum) / static_cast<float>(f.cols));
+    }
+    for (int64_t n = 0; n < f.cols; ++n) {
+      double sum = 0.0;
+      for (int64_t m = 0; m < f.rows; ++m) sum += square(m, n);
+      c[n] = k[1] * c[n] + k[2] * (static_cast<float>(sum) / static_cast<float>(f.rows));
+    }
+    double r_sum = 0.0;
+    for (int64_t m = 0; m < f.rows; ++m) r_sum += r[m];
+    const float r_mean = static_cast<float>(r_sum) / static_cast<float>(f.rows);
+    for (int64_t m = 0; m < f.rows; ++m) {
+      for (int64_t n = 0; n < f.cols; ++n) v[(b * f.rows + m) * f.cols + n] = (r[m] / r_mean) * c[n];
+    }
+  }
+  double u_squares = 0.0;
+  for (int64_t i = 0; i < size; ++i) {
+    const float u = g[i] / std::sqrt(v[i]);
+    u_squares += static_cast<double>(u * u);
+  }
+  const float rms_w = std::sqrt(static_cast<float>(w_squares) / static_cast<float>(size));
+  const float rms_u = std::sqrt(static_cast<float>(u_squares) / static_cast<float>(size));
+  const float alpha = std::max(k[4], rms_w) * k[0];
+  const float divisor = std::max(1.0f, rms_u / k[5]);
+  for (int64_t i = 0; i < size; ++i) {
+    s->param[i] = w[i] - alpha * ((g[i] / std::sqrt(v[i])) / divisor);
+    s->slots[2][i] = v[i];
+  }
+}
+
+TEST(AdafactorFactorsMatricesReproduciblyAndAsKerasDoes) {
+  SerialRunner serial;
+  ThreadPool pool(3);
+  const int kind = FindUpdateKind("adafactor");
+  for (const Factored& f : {Factored{1, 7, 5}, Factored{3, 4, 33}, Factored{2, 1500, 40},
+                            Factored{1, 3, 20000}}) {
+    for (bool decay : {false, true}) {
+      std::mt19937 rng(f.size());
+      State start = RandomState(f.size(), rng);
+      std::vector<uint8_t> grad = RandomBuffer(DType::kFloat32, f.size(), rng, 0.5f);
+      const void* grads[] = {grad.data()};
+      UpdateArgs args = MakeArgs(kind, DType::kFloat32, 1, decay);
+      args.grads = grads;
+      auto run = [&](Isa isa, const ParallelRunner& runner, bool separate_source) {
+        State state = start;
+        std::vector<float> source;
+        HostUpdateSpec spec;
+        spec.args = args;
+        spec.args.param = state.param.data();
+        if (separate_source) {
+          source = state.param;
+          spec.args.param_source = source.data();
+        }
+        for (int j = 0; j < kMaxSlots; ++j) spec.args.slots[j] = state.slots[j].data();
+        spec.num_elements = f.size();
+        spec.factor_rows = f.rows;
+        spec.factor_cols = f.cols;
+        const std::string error = HostApplyUpdate(spec, runner, isa);
+        if (!error.empty()) throw testing::Failure(error);
+        return state;
+      };
+      const State want = run(Isa::kScalar, serial, false);
+      for (Isa isa : testing::SupportedIsas()) {
+        for (const ParallelRunner* runner : {static_cast<const ParallelRunner*>(&serial),
+                                             static_cast<const ParallelRunner*>(&pool)}) {
+          for (bool separate_source : {false, true}) {
+            const State got = run(isa, *runner, separate_source);
+            const bool same =
+                std::memcmp(got.param.data(), want.param.data(), 4 * f.size()) == 0 &&
+                std::memcmp(got.slots[0].data(), want.slots[0].data(), 4 * f.matrices * f.rows) == 0 &&
+                std::memcmp(got.slots[1].data(), want.slots[1].data(), 4 * f.matrices * f.cols) == 0 &&
+                std::memcmp(got.slots[2].data(), want.slots[2].data(), 4 * f.size()) == 0;
+            if (!same) {
+              throw testing::Failure("adafactor mismatch: rows=" + std::to_string(f.rows) + " cols=" +
+                                     std::to_string(f.cols) + " isa=" + IsaName(isa) + " threads=" +
+                                     std::to_string(runner->NumThreads()));
+            }
+          }
+        }
+      }
+      State reference = start;
+      ReferenceAdafactorStep(args, f, reinterpret_cast<const float*>(grad.data()), &reference);
+      for (int64_t i = 0; i < f.size(); ++i) {
+        const float step = std::fabs(start.param[i] - reference.param[i]);
+        EXPECT_TRUE(std::fabs(want.param[i] - reference.param[i]) <= 1e-5f * step + 1e-7f * std::fabs(start.param[i]));
+        EXPECT_TRUE(std::fabs(want.slots[2][i] - reference.slots[2][i]) <= 1e-5f * reference.slots[2][i]);
+      }
+    }
+  }
+  // A shape that is not a stack of the given matrices is refused.
+  float param = 1.0f, slots[kMaxSlots] = {}, grad = 1.0f;
+  const void* grads[] = {&grad};
+  HostUpdateSpec spec;
+  spec.args = MakeArgs(kind, DType::kFloat32, 1, false);
+  spec.args.grads = grads;
+  spec.args.param = &param;
+  for (int j = 0; j < kMaxSlots; ++j) spec.args.slots[j] = &slots[j];
+  spec.num_elements = 1;
+  spec.factor_rows = 2;
+  spec.factor_cols = 3;
+  EXPECT_EQ(HostApplyUpdate(spec, serial),
+            std::string("host optimizer (adafactor) got 1 elements, not a stack of 2 x 3 matrices"));
 }
 
 }  // namespace

@@ -59,6 +59,7 @@ _MORE_SETTINGS = {
     "Nadam": {"beta_1": 0.8, "beta_2": 0.99},
     "ScheduleFreeAdamW": {"warmup_steps": 5, "beta_1": 0.8},
     "Lamb": {"beta_1": 0.8, "beta_2": 0.99, "epsilon": 1e-5},
+    "Adafactor": {"beta_2_decay": -0.7, "epsilon_2": 1e-2, "clip_threshold": 0.5, "relative_step": False},
     "Ftrl": {"learning_rate_power": -0.7, "l1_regularization_strength": 0.01, "l2_regularization_strength": 0.02,
              "l2_shrinkage_regularization_strength": 0.03, "beta": 0.1},
 }
@@ -70,8 +71,9 @@ _MORE_SETTINGS = {
 _FOLLOWS_FIT = {"rmsprop_centered", "rmsprop_centered_momentum"}
 # Ftrl's square root where Keras calls TensorFlow's pow(x, 0.5) (see below).
 _NOT_KERAS_POW = {"ftrl_sqrt"}
-# The rows whose fallback is not exact (HostUpdate.exact is False): Lamb
-# (its norms are sums in another order than TensorFlow's) and Ftrl: Keras'
+# The rows whose fallback is not exact (HostUpdate.exact is False): Lamb and
+# Adafactor (their norms and means are sums in another order than
+# TensorFlow's) and Ftrl: Keras'
 # update runs TensorFlow's pow, the fused one the C library's powf (TF's
 # pow(x, 0.5) differs from the correctly rounded sqrt in 27% of float32
 # values here, powf in none). Ftrl subtracts two such powers, which
@@ -108,7 +110,7 @@ def test_host_update_rows_are_the_native_kinds(native_mode):
     for update in HOST_UPDATES:
         assert f'"{update.kind}"' in formulas, update.kind
         var = tf.Variable([1.0, 2.0])
-        slots = [tf.Variable([0.5, 0.5]) for _ in update.slot_names]
+        slots = [tf.Variable(tf.fill(update.slot_shape(k, var.shape), 0.5)) for k in range(len(update.slot_names))]
         apply_host_update(update, var, slots, [tf.ones(2), tf.ones(2)], [0.1] * len(update.scalar_names))
         assert np.all(np.isfinite(var.numpy())) and not np.array_equal(var.numpy(), [1.0, 2.0]), update.kind
         library = tf_glp._native.library()
@@ -139,7 +141,8 @@ def test_table_rows_give_their_updates_what_they_take(row):
         chosen.add(update)
         slots = row.slots(opt, 0)
         assert len(slots) == len(update.slot_names)
-        assert all(isinstance(s, tf.Variable) and s.shape == var.shape for s in slots)
+        assert all(isinstance(s, tf.Variable) and s.shape == update.slot_shape(k, var.shape)
+                   for k, s in enumerate(slots))
         assert len({id(s) for s in slots}) == len(slots)
         assert len(row.step_scalars(opt, tf.constant(0.01))) == len(update.scalar_names)
         assert update_bytes_per_parameter(opt) == update.bytes_per_parameter
@@ -151,7 +154,7 @@ def test_fused_optimizers_names_exactly_the_table():
     assert len(set(names)) == len(names)
     assert FUSED_OPTIMIZERS == ", ".join(names[:-1]) + " and " + names[-1]
     assert FUSED_OPTIMIZERS == ("SGD, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, Lion, Nadam, Ftrl, "
-                                "ScheduleFreeAdamW and Lamb")  # today's table; update with it
+                                "ScheduleFreeAdamW, Lamb and Adafactor")  # today's table; update with it
     assert tf_glp.ops.FUSED_OPTIMIZERS is FUSED_OPTIMIZERS and "FUSED_OPTIMIZERS" in tf_glp.ops.__all__
 
 
@@ -166,7 +169,7 @@ def test_every_keras_optimizer_is_fused_or_left_to_keras_with_its_reason(name):
 
 
 def test_the_list_left_to_keras_is_pinned():
-    assert set(KERAS_UPDATE_ONLY) == {"Adafactor", "Muon", "LossScaleOptimizer", "MultiOptimizer"}
+    assert set(KERAS_UPDATE_ONLY) == {"Muon", "LossScaleOptimizer", "MultiOptimizer"}
     assert set(KERAS_UPDATE_ONLY) | {row.name for row in FUSED_OPTIMIZER_TABLE} == set(_keras_optimizer_names())
 
 
@@ -182,7 +185,9 @@ def test_subclasses_are_not_fused_unless_listed():
 
 def test_bytes_per_parameter_for_the_cost_model():
     assert update_bytes_per_parameter() == 28  # no optimizer known: Adam's, as before the table
-    assert update_bytes_per_parameter(keras.optimizers.Adafactor()) == 28  # not fused: Adam's
+    assert update_bytes_per_parameter(keras.optimizers.Muon()) == 28  # not fused: Adam's
+    assert update_bytes_per_parameter(keras.optimizers.Lamb()) == 40  # two passes
+    assert update_bytes_per_parameter(keras.optimizers.Adafactor()) == 32  # three passes
     assert update_bytes_per_parameter(keras.optimizers.RMSprop()) == 20
     assert update_bytes_per_parameter(keras.optimizers.RMSprop(centered=True, momentum=0.9)) == 36
     assert update_bytes_per_parameter(keras.optimizers.Adam()) == 28
@@ -224,7 +229,7 @@ def test_fused_update_matches_keras_over_30_steps(case, exact_keras):
     one variable excluded from weight decay."""
     _, make = case
     rng = np.random.default_rng(7)
-    shapes = [(33, 17), (17,), (1,), (1000, 3)]
+    shapes = [(33, 17), (17,), (1,), (1000, 3), (2, 5, 4)]
     init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     steps = [[[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(2)] for _ in range(30)]
 

@@ -37,6 +37,7 @@ import tempfile
 import time
 
 import pytest
+import tensorflow as tf
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
@@ -321,8 +322,12 @@ def host_apply_cases(draw, update: HostUpdate) -> dict:
     dtype, seed0, fill = draw(st.sampled_from(FLOATS)), draw(st.integers(0, 2**16)), draw(FILL)
     shape = [draw(st.integers(0, 5)) for _ in range(draw(st.integers(0, 2)))]
     slots = len(update.slot_names)
+    # Each slot of the shape the row gives it (Adafactor's row and column
+    # means; for a var of rank < 2, Keras' scalar placeholders, of any dtype).
+    slot_shapes = [update.slot_shape(i, tf.TensorShape(shape)).as_list() for i in range(slots)]
+    placeholders = {1 + i for i in range(slots) if update.factored and i < 2 and len(shape) < 2}
     variables = [tensor("float32", shape, seed0, "normal")]
-    variables += [tensor("float32", shape, seed0 + 1 + i, draw(SLOT_FILL)) for i in range(slots)]
+    variables += [tensor("float32", slot_shapes[i], seed0 + 1 + i, draw(SLOT_FILL)) for i in range(slots)]
     grads = [tensor(dtype, shape, seed0 + 10 + i, fill) for i in range(draw(st.integers(1, 4)))]
     scalars = [scalar(draw(HOST_VALUES)) for _ in update.scalar_names]
     decay = [scalar(draw(HOST_VALUES)), scalar(draw(HOST_VALUES))]  # weight_decay, decay_learning_rate
@@ -351,12 +356,15 @@ def host_apply_cases(draw, update: HostUpdate) -> dict:
             g["dtype"] = new
         return broken(case, f"T = {new}")
     if mutation in ("var_dtype", "slot_dtype"):
-        index = 0 if mutation == "var_dtype" else draw(st.integers(1, slots))
+        index = 0 if mutation == "var_dtype" else draw(st.sampled_from(
+            [i for i in range(1, slots + 1) if i not in placeholders] or [0]))
         variables[index]["dtype"] = draw(st.sampled_from(["float64", "float16", "bfloat16", "int32"]))
         return broken(case, f"variable {index} is {variables[index]['dtype']}")
     if mutation == "slot_shape":
-        variables[draw(st.integers(1, slots))]["shape"] = draw(st.sampled_from([shape + [1], [d + 1 for d in shape] or [2]]))
-        return broken(case, "a slot of another shape than var")
+        index = draw(st.integers(1, slots))
+        expected = slot_shapes[index - 1]
+        variables[index]["shape"] = draw(st.sampled_from([expected + [1], [d + 1 for d in expected] or [2]]))
+        return broken(case, "a slot of another shape than the row gives it")
     if mutation == "scalar_shape":
         draw(st.sampled_from(scalars + decay))["values"] = draw(st.sampled_from([[0.1], [0.1, 0.2], [[0.1]]]))
         return broken(case, "a hyper-parameter that is not a scalar")
@@ -389,13 +397,13 @@ def host_apply_cases(draw, update: HostUpdate) -> dict:
         # scalars (the reference is that row's), else an error.
         other = draw(st.sampled_from([u for u in HOST_UPDATES if u.kind != update.kind]))
         attrs["kind"] = other.kind
-        same = (len(other.slot_names), len(other.scalar_names)) == (slots, len(scalars))
+        same = (len(other.slot_names), len(other.scalar_names), other.factored) == (slots, len(scalars), update.factored)
         return broken(case, f"the inputs of {update.kind} with kind {other.kind}", "valid" if same else "invalid")
     if mutation == "slot_count":
         if slots and draw(st.booleans()):
             slot_list["list"].pop(draw(st.integers(0, slots - 1)))
             return broken(case, f"{slots - 1} slots for {update.kind}")
-        variables.append(tensor("float32", shape, seed0 + 9, draw(SLOT_FILL)))
+        variables.append(tensor("float32", slot_shapes[-1] if slots else shape, seed0 + 9, draw(SLOT_FILL)))
         slot_list["list"].insert(draw(st.integers(0, slots)), {"resource": {"var": 1 + slots}})
         return broken(case, f"{slots + 1} slots for {update.kind}")
     if mutation == "scalar_count":

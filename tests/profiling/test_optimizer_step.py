@@ -132,10 +132,10 @@ def test_a_matching_plan_is_reused_without_timing(monkeypatch, tmp_path):
     assert optimizer_step.uses_fused_update(model.optimizer) == (stored["choice"] == "fused")
 
 
-@pytest.mark.parametrize("case", ["adafactor", "strategy", "float64", "off"])
+@pytest.mark.parametrize("case", ["muon", "strategy", "float64", "off"])
 def test_keras_update_stays_where_the_fused_one_does_not_apply(case, monkeypatch, fused_calls):
     monkeypatch.setattr(optimizer_step, "choose", lambda native, fused: ("fused", "forced by the test"))
-    optimizer = (lambda: keras.optimizers.Adafactor(1e-2)) if case == "adafactor" else OPTIMIZERS["adam"]
+    optimizer = (lambda: keras.optimizers.Muon(1e-2)) if case == "muon" else OPTIMIZERS["adam"]
     callback = ConcurrencyProfiler(trials=1, plan_path=None, verbose=0, batch_size=32,
                                    optimizer_step=case != "off")
     if case == "strategy":

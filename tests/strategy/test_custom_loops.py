@@ -152,7 +152,7 @@ def _fit(strategy, make_optimizer):
 # relative on a slot value near others 100x larger (seen once, with the
 # Grappler options the worker's earlier tests left), Lamb's norms are sums in
 # another order. Their values are compared against each array's largest.
-TO_ROUNDING = {"Ftrl", "Lamb"}
+TO_ROUNDING = {"Ftrl", "Lamb", "Adafactor"}
 
 
 def _assert_same(ours, reference, what):
@@ -178,7 +178,7 @@ def _reference(key, train):
 
 
 def test_the_list_comes_from_keras():
-    assert {"Adam", "SGD", "RMSprop", "Nadam", "Adafactor"} <= set(_wrappable_optimizers())
+    assert {"Adam", "SGD", "RMSprop", "Nadam", "Adafactor", "Muon"} <= set(_wrappable_optimizers())
     assert set(LOSS_SCALED_FIT) <= set(_wrappable_optimizers())
 
 
@@ -203,10 +203,10 @@ def test_loss_scaled_custom_loop(name, update):
 # fit with a LossScaleOptimizer: one optimizer per path its step takes under
 # tf_glp (the fused host update without slots and with them: SGD, Adam; a
 # fused one whose Keras step keeps state of its own: Nadam; a build that
-# writes: ScheduleFreeAdamW; Keras' own on the host: Adafactor). Every
+# writes: ScheduleFreeAdamW; Keras' own on the host: Muon). Every
 # optimizer goes through fit in test_drop_in.py and through the loss-scaled
 # step in the custom loop above (five here keep the suite's time).
-LOSS_SCALED_FIT = ["Adafactor", "Adam", "Nadam", "SGD", "ScheduleFreeAdamW"]
+LOSS_SCALED_FIT = ["Adam", "Muon", "Nadam", "SGD", "ScheduleFreeAdamW"]
 assert {"Adam", "Nadam", "SGD", "ScheduleFreeAdamW"} <= {row.name for row in FUSED_OPTIMIZER_TABLE}
 
 
@@ -225,7 +225,7 @@ def test_loss_scaled_fit(name, update):
 WAYS = ["list", "generator", "reversed", "apply", "apply-tuple", "built-from-a-tuple"]
 OPTIMIZERS = {
     "Adam": lambda: keras.optimizers.Adam(1e-2),
-    "LossScaleOptimizer-Adafactor": lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adafactor(1e-2)),
+    "LossScaleOptimizer-Muon": lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Muon(1e-2)),
 }
 
 
@@ -236,7 +236,7 @@ def test_every_way_to_hand_over_gradients(how, optimizer, update):
     """`apply_gradients` with a list, a generator or another variable order
     than the model's, and `apply` with lists or tuples: the optimizer
     unbuilt (or built by the user from a tuple), in float32 (Adam is fused under update="host", a wrapped
-    Adafactor is not)."""
+    Muon is not)."""
 
     def train(strategy, reference=False):
         return _custom_loop(strategy, OPTIMIZERS[optimizer], how=how, policy="float32", built=reference)

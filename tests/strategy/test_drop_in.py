@@ -111,7 +111,7 @@ def _reference(key, train):
 
 # Fused updates that match Keras' to rounding only (docs/numerics.md: Ftrl's
 # pow, Lamb's sums): compared against each array's largest value.
-TO_ROUNDING = {"Ftrl", "Lamb"}
+TO_ROUNDING = {"Ftrl", "Lamb", "Adafactor"}
 
 
 def _assert_same(ours, reference, what):

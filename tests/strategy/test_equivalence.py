@@ -29,7 +29,8 @@ def _optimizer(name):
         "nadam": lambda: keras.optimizers.Nadam(1e-2),
         "lion": lambda: keras.optimizers.Lion(1e-3),
         "lamb": lambda: keras.optimizers.Lamb(1e-3),
-        "adafactor": lambda: keras.optimizers.Adafactor(1e-2),  # no fused update: Keras' own, on the host
+        "adafactor": lambda: keras.optimizers.Adafactor(1e-2),
+        "muon": lambda: keras.optimizers.Muon(1e-2),  # no fused update: Keras' own, on the host
     }[name]()
 
 
@@ -62,7 +63,8 @@ def mirrored(n):
 CASES = [
     # (replicas, optimizer, update, chunking): every optimizer and mode on 2
     # replicas, with and without chunking; the fused ones again on 4.
-    *[(2, opt, "host", 2) for opt in ("sgd", "adam", "adamw", "rmsprop", "nadam", "lion", "lamb", "adafactor")],
+    *[(2, opt, "host", 2) for opt in ("sgd", "adam", "adamw", "rmsprop", "nadam", "lion", "lamb", "adafactor",
+                                              "muon")],
     *[(2, opt, "host", "none") for opt in ("sgd", "adamw")],
     *[(2, opt, "replicas", "8KB") for opt in ("sgd", "adam", "adamw")],
     (2, "adam", "replicas", "none"),
@@ -90,7 +92,7 @@ def test_same_weights_as_mirrored_strategy(n_replicas, optimizer_name, update, c
     reference = _once((n_replicas, optimizer_name), lambda: train(mirrored(n_replicas), optimizer_name, n_replicas))
     ours = train(tf_glp.Strategy(_devices(n_replicas), update=update, chunking=chunking), optimizer_name, n_replicas)
     # The fused host update ran (at trace time, once per chunk) exactly when it should.
-    assert bool(fused_calls) == (update == "host" and optimizer_name != "adafactor")
+    assert bool(fused_calls) == (update == "host" and optimizer_name != "muon")
     assert len(ours) == len(reference)
     for a, b in zip(ours, reference):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -216,6 +216,12 @@ def optimizer_slot(optimizer, attribute: str, index: int):
     return getattr(optimizer, attribute)[index]
 
 
+def learning_rate_is_callable(optimizer) -> bool:
+    """Whether the optimizer's learning rate is a schedule or a function (as
+    Adafactor's update_step tests it), not a number or variable."""
+    return callable(optimizer._learning_rate)  # noqa: SLF001
+
+
 def nadam_u_product(optimizer):
     """Nadam's running product of its momentum schedule."""
     return optimizer._u_product  # noqa: SLF001

@@ -1,7 +1,8 @@
 """Fused host optimizer updates on float32 resource variables.
 
 Each call reads the N gradients, the variable and its slots once and writes
-the variable and slots once (Lamb: in two passes, its norms between them), with Keras 3's formulas (see
+the variable and slots once (Lamb and Adafactor: in two or three passes,
+their norms and means between them), with Keras 3's formulas (see
 cc/core/update_formulas.h). Hyper-parameters are float32 scalars (Python
 numbers or tensors, so learning-rate schedules work); `one_minus_beta_*` are
 passed as Keras computes them (`1 - beta` in double precision, then float32).
@@ -34,15 +35,18 @@ def _scalar(value, name: str, op_name: str) -> tf.Tensor:
     return tf.cast(tensor, tf.float32)
 
 
-def _check_variables(op_name: str, variables: dict, grads: list[tf.Tensor]) -> None:
-    var = variables["var"]
-    for name, v in variables.items():
+def _check_variables(op_name: str, update: HostUpdate, var: tf.Variable, slots: Sequence,
+                     grads: list[tf.Tensor]) -> None:
+    for k, (name, v) in enumerate([("var", var), *zip(update.slot_names, slots)]):
         if not isinstance(v, tf.Variable):
             raise invalid(f"{op_name}: {name} must be a tf.Variable, got {type(v).__name__}")
-        if v.dtype != tf.float32:
+        expected = update.slot_shape(k - 1, var.shape) if k > 0 else var.shape
+        placeholder = update.factored and 1 <= k <= 2 and expected.rank == 0  # not read: Keras' int32 zeros
+        if v.dtype != tf.float32 and not placeholder:
             raise invalid(f"{op_name}: {name} must be float32, got {v.dtype.name}")
-        if not v.shape.is_compatible_with(var.shape):
-            raise invalid(f"{op_name}: {name} has shape {v.shape} but var has shape {var.shape}")
+        if not v.shape.is_compatible_with(expected):
+            must = f", so it must have shape {expected}" if expected != var.shape else ""
+            raise invalid(f"{op_name}: {name} has shape {v.shape} but var has shape {var.shape}{must}")
     for i, g in enumerate(grads):
         if not g.shape.is_compatible_with(var.shape):
             raise invalid(f"{op_name}: grads[{i}] has shape {g.shape} but var has shape {var.shape}")
@@ -83,6 +87,11 @@ class HostUpdate:
             the formula calls pow: TensorFlow's and the C library's may
             differ in the last bit; or sums over the variable: in another
             order).
+        norms: Whether the update needs norms of the whole variable (Note
+            [Per-variable norms]): two passes over memory.
+        factored: Whether its first two slots are row and column means of a
+            variable of rank >= 2 (Note [Factored second moments]; scalars
+            for one of rank < 2): three passes.
 
     Example:
         >>> ADAM_UPDATE.slot_names, ADAM_UPDATE.bytes_per_parameter
@@ -94,13 +103,29 @@ class HostUpdate:
     scalar_names: tuple[str, ...]
     fallback: Callable[..., None]
     exact: bool = True
+    norms: bool = False
+    factored: bool = False
 
     @property
     def bytes_per_parameter(self) -> int:
         """Bytes one parameter's update reads and writes with one float32
-        gradient: the gradient, then the parameter and each slot read and
-        written (as UpdateBytesPerElement in cc/core/host_optimizers.h)."""
+        gradient, over all its passes (as UpdateBytesPerElement in
+        cc/core/host_optimizers.h): in one pass the gradient, then the
+        parameter and each slot read and written."""
+        if self.factored:
+            return 3 * 4 + 5 * 4
+        if self.norms:
+            return 4 + (3 + 3 * len(self.slot_names)) * 4
         return 4 + 2 * 4 * (1 + len(self.slot_names))
+
+    def slot_shape(self, k: int, shape: tf.TensorShape) -> tf.TensorShape:
+        """The shape slot `k` has for a variable of `shape` (as ExpectedShape
+        in cc/tf/kernels/host_optimizer_kernels.cc)."""
+        if not self.factored or k > 1:
+            return shape
+        if shape.rank is None or shape.rank < 2:
+            return tf.TensorShape([])
+        return shape[:-1] if k == 0 else shape[:-2].concatenate(shape[-1:])
 
 
 # The rows: each the fallback of one formula of cc/core/update_formulas.h
@@ -221,6 +246,20 @@ def _lamb(var, slots, g, s) -> None:
     var.assign(var - ratio * lr * update)
 
 
+def _adafactor(var, slots, g, s) -> None:
+    (r, c, v), (rho_t, beta_2_t, one_minus_beta_2_t, epsilon_1, epsilon_2, clip_threshold) = slots, s
+    square = g * g + epsilon_1
+    if var.shape.rank >= 2:
+        r.assign(beta_2_t * r + one_minus_beta_2_t * tf.reduce_mean(square, axis=-1))
+        c.assign(beta_2_t * c + one_minus_beta_2_t * tf.reduce_mean(square, axis=-2))
+        v.assign(tf.expand_dims(r / tf.reduce_mean(r, axis=-1, keepdims=True), -1) * tf.expand_dims(c, -2))
+    else:
+        v.assign(beta_2_t * v + one_minus_beta_2_t * square)
+    alpha_t = tf.maximum(epsilon_2, tf.sqrt(tf.reduce_mean(var * var))) * rho_t
+    u = g / tf.sqrt(v)
+    var.assign(var - alpha_t * (u / tf.maximum(1.0, tf.sqrt(tf.reduce_mean(u * u)) / clip_threshold)))
+
+
 _ADAM_SCALARS = ("alpha", "1 - beta_1", "1 - beta_2", "epsilon")
 _RMSPROP_SCALARS = ("learning_rate", "rho", "1 - rho", "epsilon", "momentum")
 _FTRL_SCALARS = ("learning_rate", "2 * l2_shrinkage", "-learning_rate_power", "2 * l2", "-l1", "l1")
@@ -257,7 +296,11 @@ HOST_UPDATES = (
     # Its norms are sums over the variable, in another order than TensorFlow's
     # (Note [Per-variable norms] in cc/core/update_formulas.h).
     HostUpdate("lamb", ("m", "v"), ("learning_rate", "1 - beta_1", "1 - beta_2", "1 - beta_1^t", "1 - beta_2^t",
-                                    "epsilon"), _lamb, exact=False),
+                                    "epsilon"), _lamb, exact=False, norms=True),
+    # Row and column means, and rms(var), rms(u_t): sums too.
+    HostUpdate("adafactor", ("r", "c", "v"),
+               ("rho_t", "beta_2_t", "1 - beta_2_t", "epsilon_1", "epsilon_2", "clip_threshold"), _adafactor,
+               exact=False, norms=True, factored=True),
 )
 HOST_UPDATES_BY_KIND = {update.kind: update for update in HOST_UPDATES}
 
@@ -277,8 +320,8 @@ def apply_host_update(
     Args:
         update: The HostUpdate row (one of HOST_UPDATES).
         var: float32 variable on the host.
-        slots: One float32 variable of `var`'s shape per
-            `update.slot_names`, updated in place.
+        slots: One float32 variable per `update.slot_names`, of `var`'s
+            shape (or `update.slot_shape`'s), updated in place.
         grads: Non-empty list of gradients (float32/bfloat16/float16), summed
             in float32 in list order.
         scalars: One float32 scalar per `update.scalar_names`.
@@ -295,7 +338,7 @@ def apply_host_update(
                          f"scalars, got {len(slots)} and {len(scalars)}")
     with tf.device("/cpu:0"):
         grads = as_float_tensors(grads, op_name, "grads")
-        _check_variables(op_name, {"var": var, **dict(zip(update.slot_names, slots))}, grads)
+        _check_variables(op_name, update, var, slots, grads)
         values = [_scalar(value, name, op_name) for name, value in zip(update.scalar_names, scalars)]
         use, rate, decay_lr = _decay_inputs(weight_decay, decay_learning_rate, op_name)
         native = _native.library()

@@ -178,6 +178,15 @@ def _lamb(opt, lr) -> tuple:
     return lr, 1 - opt.beta_1, 1 - opt.beta_2, 1.0 - beta_1_power, 1.0 - beta_2_power, opt.epsilon
 
 
+def _adafactor(opt, lr) -> tuple:
+    local_step = _local_step(opt)
+    if not compat.learning_rate_is_callable(opt) and opt.relative_step:
+        lr = tf.minimum(lr, 1 / tf.sqrt(local_step))
+    rho_t = tf.minimum(lr, 1 / tf.sqrt(local_step))
+    beta_2_t = 1 - tf.pow(local_step, opt.beta_2_decay)
+    return rho_t, beta_2_t, 1 - beta_2_t, opt.epsilon_1, opt.epsilon_2, opt.clip_threshold
+
+
 _ADAM_SLOTS = ("_momentums", "_velocities")
 _AMSGRAD = HOST_UPDATES_BY_KIND["adam_amsgrad"]
 
@@ -222,13 +231,14 @@ FUSED_OPTIMIZER_TABLE: tuple[FusedOptimizer, ...] = (
     FusedOptimizer(keras.optimizers.ScheduleFreeAdamW, **_one(
         HOST_UPDATES_BY_KIND["schedule_free_adamw"], _ADAM_SLOTS, _schedule_free_adamw)),
     FusedOptimizer(keras.optimizers.Lamb, **_one(HOST_UPDATES_BY_KIND["lamb"], _ADAM_SLOTS, _lamb)),
+    FusedOptimizer(keras.optimizers.Adafactor, **_one(HOST_UPDATES_BY_KIND["adafactor"], ("_r", "_c", "_v"),
+                                                      _adafactor)),
 )
 
 # The Keras optimizers left to Keras' own update, and why (explain() and
 # docs/strategy.md name them; tests/ops/test_fused_table.py pins the list
 # against keras.optimizers).
 KERAS_UPDATE_ONLY: dict[str, str] = {
-    "Adafactor": "its factored second moments are row and column means (reductions, not built yet)",
     "Muon": "its Newton-Schulz iterations are matrix products, not an elementwise update",
     "LossScaleOptimizer": "a wrapper: the optimizer it wraps runs its own update, fused where that one is",
     "MultiOptimizer": "a wrapper: each optimizer it holds runs its own update, fused where that one is",

@@ -118,9 +118,24 @@ absl::Status CheckScalarInputs(OpKernelContext* ctx, int first_scalar) {
   return absl::OkStatus();
 }
 
-// The parameter and slots are initialized float32 variables of one shape,
-// and every gradient has that shape.
+// The shape variable `i` (0 the parameter, then the slots) must have: the
+// parameter's, except a factored kind's first two slots (Note [Factored
+// second moments]): for a parameter of rank >= 2, its shape without the last
+// dimension and without the second last; else scalars, not read (Keras'
+// placeholders, of any dtype).
+tensorflow::TensorShape ExpectedShape(const core::UpdateTraits& traits, int i,
+                                      const tensorflow::TensorShape& param) {
+  if (!traits.factored || i < 1 || i > 2) return param;
+  if (param.dims() < 2) return tensorflow::TensorShape();
+  tensorflow::TensorShape shape = param;
+  shape.RemoveDim(i == 1 ? param.dims() - 1 : param.dims() - 2);
+  return shape;
+}
+
+// The parameter and slots are initialized float32 variables of the shapes
+// ExpectedShape gives, and every gradient has the parameter's shape.
 absl::Status CheckVariablesAndGradients(OpKernelContext* ctx,
+                                        const core::UpdateTraits& traits,
                                         const LockedVariables& locked,
                                         int num_variables,
                                         const OpInputList& grads) {
@@ -132,15 +147,19 @@ absl::Status CheckVariablesAndGradients(OpKernelContext* ctx,
       return absl::FailedPreconditionError(
           absl::StrCat(name, ": ", kVariableNames[i], " is not initialized"));
     }
-    if (t.dtype() != tensorflow::DT_FLOAT) {
+    const bool placeholder = traits.factored && (i == 1 || i == 2) && param.dims() < 2;
+    if (t.dtype() != tensorflow::DT_FLOAT && !placeholder) {
       return absl::InvalidArgumentError(absl::StrCat(
           name, ": ", kVariableNames[i], " must be float32, got ",
           tensorflow::DataTypeString(t.dtype())));
     }
-    if (t.shape() != param.shape()) {
+    const tensorflow::TensorShape expected = ExpectedShape(traits, i, param.shape());
+    if (t.shape() != expected) {
       return absl::InvalidArgumentError(absl::StrCat(
-          name, ": ", kVariableNames[i], " has shape ", t.shape().DebugString(),
-          " but var has shape ", param.shape().DebugString()));
+          name, ": ", kVariableNames[i], " has shape ", t.shape().DebugString(), " but var has shape ",
+          param.shape().DebugString(), i > 0 && expected != param.shape()
+                                           ? absl::StrCat(", so it must have shape ", expected.DebugString())
+                                           : ""));
     }
   }
   for (int i = 0; i < grads.size(); ++i) {
@@ -191,7 +210,7 @@ class HostApplyOp : public OpKernel {
     OP_REQUIRES(ctx, status.ok(), status);
     LockedVariables locked;
     OP_REQUIRES_OK(ctx, locked.Lock(ctx, num_variables_, kVariableNames));
-    status = CheckVariablesAndGradients(ctx, locked, num_variables_, grads);
+    status = CheckVariablesAndGradients(ctx, *traits_, locked, num_variables_, grads);
     OP_REQUIRES(ctx, status.ok(), status);
     const Tensor& param = *locked.var(0)->tensor();
     // The parameter: see Note [Writing a shared parameter]. The slots are
@@ -229,6 +248,10 @@ class HostApplyOp : public OpKernel {
     a.decay_rate = ScalarInput(ctx, s++);
     a.decay_learning_rate = ScalarInput(ctx, s++);
     spec.num_elements = param.NumElements();
+    if (traits_->factored && param.dims() >= 2) {
+      spec.factor_rows = param.dim_size(param.dims() - 2);
+      spec.factor_cols = param.dim_size(param.dims() - 1);
+    }
     const std::string error = core::HostApplyUpdate(spec, IntraOpRunner(ctx));
     OP_REQUIRES(ctx, error.empty(),
                 absl::InvalidArgumentError(absl::StrCat(name(), ": ", error)));
