@@ -9,8 +9,9 @@ Part "update": one optimizer step on PARAMETERS float32 weights (two
 variables, far larger than the last-level cache), Keras' `apply` against the
 same `apply` with tf_glp's fused update in place of Keras' update step,
 ROUNDS interleaved rounds of CALLS steps each (the order alternating). The
-ceiling is the time the bytes the fused update must move per parameter (the
-gradient once, the weight and every slot read and written:
+ceiling is the time the bytes the fused update must move per parameter (in
+one pass the gradient once, the weight and every slot read and written;
+Lamb's and Adafactor's norms and means need two and three passes:
 HostUpdate.bytes_per_parameter) take at the machine's memory bandwidth:
 numpy's probes in the same run, or the highest rate seen (update_rows).
 
@@ -52,6 +53,7 @@ CASES = [
     ("RMSprop centered momentum", "RMSprop", {"centered": True, "momentum": 0.9}), ("Adagrad", "Adagrad", {}),
     ("Adamax", "Adamax", {}), ("Adadelta", "Adadelta", {}), ("Lion", "Lion", {}), ("Nadam", "Nadam", {}),
     ("Ftrl", "Ftrl", {}), ("ScheduleFreeAdamW", "ScheduleFreeAdamW", {}), ("Lamb", "Lamb", {}),
+    ("Adafactor", "Adafactor", {}),
 ]
 
 

@@ -39,6 +39,9 @@ void RunTasks(const ParallelRunner& runner, int64_t tasks, int64_t bytes_moved, 
   runner.ParallelFor(tasks, [&](int64_t first, int64_t last) { kernel(args, first, last); });
 }
 
+constexpr int64_t kFactorTaskElements = 256 << 10;
+constexpr int64_t kFactorTaskRows = 256;
+
 // Note [Factored second moments]: the first pass, then r and c updated from
 // the means of Square(g) (the column means from the tasks' sums, in order),
 // and the row factors r / mean(r), the second pass; returns the two sums of
@@ -52,11 +55,13 @@ void FactoredNormPasses(const HostUpdateSpec& spec, const ParallelRunner& runner
   UpdateArgs pass = a;
   pass.factor_rows = rows;
   pass.factor_cols = cols;
-  pass.rows_per_task = std::max<int64_t>(1, kElementsPerTask / cols);
+  // Tasks of about kFactorTaskElements, at most kFactorTaskRows rows: the
+  // column sums are float32 over a task's rows.
+  pass.rows_per_task = std::clamp<int64_t>(kFactorTaskElements / cols, 1, kFactorTaskRows);
   const int64_t tasks_per_matrix = (rows + pass.rows_per_task - 1) / pass.rows_per_task;
   const int64_t tasks = matrices * tasks_per_matrix;
   std::vector<double> sums(static_cast<size_t>(tasks * Formula::kNorms));
-  std::vector<double> column_sums(static_cast<size_t>(tasks * cols));
+  std::vector<float> column_sums(static_cast<size_t>(tasks * cols));
   std::vector<float> row_factors(static_cast<size_t>(matrices * rows));
   pass.norm_sums = sums.data();
   pass.column_sums = column_sums.data();

@@ -74,7 +74,7 @@ struct UpdateArgs {
   int64_t factor_rows;
   int64_t factor_cols;
   int64_t rows_per_task;
-  double* column_sums;
+  float* column_sums;
   float* row_factors;
 };
 

@@ -330,6 +330,7 @@ struct LambFormula {
 struct AdafactorFormula {
   static constexpr const char* kName = "adafactor";
   static constexpr int kSlots = 3;
+  static constexpr int kFirstElementSlot = 2;  // r and c are not per element
   static constexpr int kNorms = 2;
   static constexpr bool kFactored = true;
   static constexpr bool kFinishReadsGradient = true;
@@ -407,6 +408,17 @@ struct FactoredOf {
 template <class Formula>
 struct FactoredOf<Formula, VoidOf<decltype(Formula::kFactored)>> {
   static constexpr bool value = Formula::kFactored;
+};
+// kFirstElementSlot of a formula: its slots from this one on are per
+// element, of the parameter's size (0 where it declares none); the skeleton
+// reads and writes only those.
+template <class Formula, class = void>
+struct FirstElementSlotOf {
+  static constexpr int value = 0;
+};
+template <class Formula>
+struct FirstElementSlotOf<Formula, VoidOf<decltype(Formula::kFirstElementSlot)>> {
+  static constexpr int value = Formula::kFirstElementSlot;
 };
 inline constexpr int kMaxNorms = 2;
 // Scalars a second pass takes from the norms (Formula::Scales).

@@ -383,6 +383,25 @@ TEST(AdafactorFactorsMatricesReproduciblyAndAsKerasDoes) {
       }
     }
   }
+  // Rank < 2 (unfactored): r and c are Keras' one-element placeholders,
+  // neither read nor written (the sanitizer build sees any access past them).
+  {
+    std::mt19937 rng(5);
+    State state = RandomState(1000, rng);
+    std::vector<uint8_t> grad = RandomBuffer(DType::kFloat32, 1000, rng, 0.5f);
+    const void* grads[] = {grad.data()};
+    float r = 7.0f, c = 8.0f;
+    HostUpdateSpec spec;
+    spec.args = MakeArgs(kind, DType::kFloat32, 1, false);
+    spec.args.grads = grads;
+    spec.args.param = state.param.data();
+    spec.args.slots[0] = &r;
+    spec.args.slots[1] = &c;
+    spec.args.slots[2] = state.slots[2].data();
+    spec.num_elements = 1000;
+    EXPECT_EQ(HostApplyUpdate(spec, pool), std::string());
+    EXPECT_TRUE(r == 7.0f && c == 8.0f);
+  }
   // A shape that is not a stack of the given matrices is refused.
   float param = 1.0f, slots[kMaxSlots] = {}, grad = 1.0f;
   const void* grads[] = {&grad};

@@ -117,8 +117,15 @@ def test_the_fused_step_where_it_measures_faster(name, clock, fused_calls, exact
     assert fused_calls  # traced into the step after the choice, at no extra retrace
     assert "tf_glp's fused update" in strategy.explain()
     if name in MATCH_KERAS_IN_FIT_TO_ROUNDING:
+        # Adafactor's u_t = g / sqrt(v) is about sign(g) in its first steps,
+        # and the Conv2D's bias before BatchNormalization has a gradient of
+        # rounding noise only (the normalization takes the mean out): a last
+        # bit elsewhere flips its sign, and that bias moves by a whole step,
+        # epsilon_2 * learning rate, either way. Allowed: one such step per
+        # step of the fit (64 samples, batch 16).
+        noise = 4 * 1e-3 * 0.01 if name == "Adafactor" else 0.0
         for a, b in zip(ours[1] + ours[2], plain[1] + plain[2], strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(b).max())))
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(b).max())) + noise)
         return
     assert ours[0]["loss"] == plain[0]["loss"]
     for a, b in zip(ours[1] + ours[2], plain[1] + plain[2], strict=True):
