@@ -148,6 +148,7 @@ def run_model(name: str, ways: list[str]) -> dict:
         execution = getattr(strategy, "_execution", None)
         if execution is not None:  # (as at the start of a long fit: see the module docstring)
             execution.min_fit_steps, execution.budget, execution.plan_path = 0, float("inf"), None
+            execution.xla_hint = float("inf")  # (a long fit measures XLA: its compile is small against it)
         with strategy.scope():
             model = make_model()
             model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss, **compile_args)

@@ -32,7 +32,7 @@ from sklearn.datasets import load_digits  # noqa: E402
 import tf_glp  # noqa: E402
 
 strategy = tf_glp.Strategy()  # all GPUs; without GPUs one device
-keras.utils.set_random_seed(0)  # the same weights, batches and accuracy on every run
+keras.utils.set_random_seed(0)  # the same initial weights, dropout and batches on every run
 print(f"tf_glp ops: {tf_glp.native_available()}")
 print(f"strategy: {type(strategy).__name__} over {strategy.num_replicas_in_sync} replicas "
       f"{strategy.extended.worker_devices}")

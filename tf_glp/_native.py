@@ -140,7 +140,7 @@ def _ensure_loaded() -> None:
                 if mode == "required":
                     raise ImportError(f"tf_glp: TF_GLP_NATIVE=1 but the native op library is unusable: {state.reason}")
                 warnings.warn(
-                    f"tf_glp: using pure-TensorFlow ops (same results, slower): {state.reason}. "
+                    f"tf_glp: using pure-TensorFlow ops in place of the native ones (the same results to rounding, docs/numerics.md; their speed is not measured): {state.reason}. "
                     "Set TF_GLP_NATIVE=0 to silence this.",
                     RuntimeWarning,
                     stacklevel=3,

@@ -35,7 +35,8 @@ def _clock(ms: dict[str, float], calls: list | None = None):
 def _strategy(ms=None, calls=None, devices=None, **settings):
     strategy = tf_glp.Strategy(devices, plan_path=settings.pop("plan_path", None), **settings)
     choice = strategy._execution  # noqa: SLF001 (the tests inject the clock and the thresholds)
-    choice.min_fit_steps, choice.budget = 0, float("inf")
+    # Every way measured in every round (the rules that stop early have tests of their own).
+    choice.min_fit_steps, choice.budget, choice.probe_win, choice.xla_hint = 0, float("inf"), float("inf"), float("inf")
     if ms is not None:
         choice.clock = _clock(ms, calls)
         choice.clock.choice = choice
@@ -214,6 +215,7 @@ def test_a_short_fit_is_not_measured():
     assert f"fewer than {execution_choice.MIN_FIT_STEPS}" in strategy.explain()
     choice = strategy._execution  # noqa: SLF001
     choice.min_fit_steps, choice.budget, choice.clock = 0, float("inf"), _clock(FAST_4)  # a long fit next
+    choice.probe_win = choice.xla_hint = float("inf")
     choice.clock.choice = choice
     record = Record()
     _fit(model, [record])
@@ -229,18 +231,40 @@ def test_callbacks_that_mind_the_steps_per_call():
     assert kept == ["ModelCheckpoint", "TerminateOnNaN", "CountBatches"]
 
 
-def test_the_measurement_budget():
-    check, over = execution_choice._check_budget, execution_choice.OverBudget  # noqa: SLF001
+def test_the_first_round_weighs_the_rest():
+    """Note [Weighing the measurement]: after one round of the way as compiled
+    (1) and the largest count (16), the rest is measured only where it costs
+    less than what 16 was seen to save over the fit; a clear win is taken."""
+    weigh = execution_choice._weigh  # noqa: SLF001
     choice = tf_glp.Strategy(plan_path=None)._execution  # noqa: SLF001
     ways, xla = [execution_choice.Way(k) for k in (1, 4, 16)], execution_choice.Way(16, True)
-    # A 0.4 s trace, 1 ms steps: 0.4 s x (2 traces + 3 for XLA) + 5 rounds x 4 ways x 16 steps x 1 ms = 2.32 s.
-    with pytest.raises(over, match=r"about 2\.3 s, more than 10% of this fit \(20000 steps"):
-        check(choice, 20_000, 0.4, 0.001, ways, xla)
-    check(choice, 30_000, 0.4, 0.001, ways, xla)
-    # 50 ms steps: only XLA, at 1 step per call: 0.4 s x 3 + 5 rounds x 2 ways x 1 step x 50 ms = 1.7 s.
-    with pytest.raises(over, match=r"about 1\.7 s"):
-        check(choice, 300, 0.4, 0.05, ways, xla)
-    check(choice, 400, 0.4, 0.05, ways, xla)
+    # 16 saves 0.2 ms per step. The rest: a 0.4 s trace (4), 3 for XLA, and 4 more rounds of
+    # 4 ways x 16 steps x 1 ms: 1.6 + 0.256 = 1.86 s, against 0.2 ms x the fit's steps.
+    assert weigh(choice, 20_000, 1.0, 0.8, 0.4, ways, xla, 16)[0] == "measure"  # saves 4 s
+    verdict, why = weigh(choice, 5_000, 1.0, 0.8, 0.4, ways, xla, 16)  # saves 1 s
+    assert verdict == "keep" and "about 1.9 s, more than the about 1.0 s that 16 steps per call" in why, why
+    assert weigh(choice, 5_000, 1.0, 0.8, 0.4, ways, None, 16)[0] == "measure"  # 0.4 + 0.192 s without XLA
+    verdict, why = weigh(choice, 5_000, 1.0, 1.1, 0.4, ways, xla, 16)
+    assert verdict == "keep" and "not faster than 1 in a first round (1.10 against 1.00 ms" in why, why
+    verdict, why = weigh(choice, 600, 3.0, 1.0, 0.4, ways, xla, 16)  # a short fit, a clear win
+    assert verdict == "take" and why.startswith("3.00x faster than 1 in a first round, at least 1.5x"), why
+    assert weigh(choice, None, 1.0, 0.8, 0.4, ways, xla, 16)[0] == "measure"  # (no length: no budget)
+
+
+def test_a_clear_first_round_is_taken_and_xla_without_consent_only_where_its_compile_is_small():
+    calls = []
+    strategy = _strategy({"1": 3.0, "4": 1.0, "XLA 4": 0.5}, calls)
+    choice = strategy._execution  # noqa: SLF001
+    choice.probe_win, choice.xla_hint = execution_choice.PROBE_WIN, 0.0  # (any compile is too long here)
+    with strategy.scope():
+        model = _model()
+    record = Record()
+    _fit(model, [record])
+    assert record.ways == [(4, False)]
+    assert calls.count("1") == calls.count("4") == 2 and "XLA 4" not in calls  # one round, clock read twice
+    explain = strategy.explain()
+    assert "steps_per_execution=4, no XLA: 3.00x faster than 1 in a first round" in explain, explain
+    assert "XLA not measured (allow_xla is off, and its compile" in explain, explain
 
 
 def test_allow_xla_is_a_bool_and_has_no_effect_with_replicas():

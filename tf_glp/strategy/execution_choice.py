@@ -19,10 +19,14 @@ steps: Keras runs at most one epoch per call), and on one device XLA
 the largest. A first call of each traces it (XLA compiles it there); then
 interleaved rounds of the same number of steps per candidate, timed as in
 update_choice.py; a candidate wins with optimizer_step.beats' rule
-(beyond the spread and at least 1.05x). Where one step at 1 takes LONG_STEP_S
-or more, dispatch cannot be 1.05x of it: only XLA is measured then. The
-times are of fit's train function alone, so they overstate the gain in fit,
-whose own work per call and per epoch stays.
+(beyond the spread and at least 1.05x). The way as compiled and the
+largest count go first, and the rest is measured only where it can pay
+for itself (Note [Weighing the measurement]). Where one step at 1 takes
+LONG_STEP_S or more, dispatch cannot be 1.05x of it: only XLA is measured
+then. XLA is measured only with the user's consent (allow_xla=True), or
+where its compile is at most XLA_HINT of the fit (for explain()'s hint).
+The times are of fit's train function alone, so they overstate the gain
+in fit, whose own work per call and per epoch stays.
 
 What is kept as the user wrote it (not measured):
 - an explicit `steps_per_execution` (XLA is still measured, at it) or
@@ -32,14 +36,12 @@ What is kept as the user wrote it (not measured):
   decisions): with N steps per call Keras calls those hooks every N steps.
   The ways are still measured, and explain() names the callback and the
   speed it keeps on the table;
-- a fit shorter than MIN_FIT_STEPS, or one for which the measurement would
-  cost more than BUDGET of its time: after the first way (the one as
-  compiled) is traced and timed, the rest is estimated (a trace per way,
-  XLA_TRACES for XLA's compile, the rounds' steps) against the fit's steps
-  at that speed; a fit of unknown length (an input of unknown cardinality
-  without steps_per_epoch) is not measured either. A later, longer
-  fit of the same model measures then. A measurement is paid once: the
-  next run reuses the plan file;
+- a fit shorter than MIN_FIT_STEPS, or one for which the rest of the
+  measurement would cost more than the first round shows it saving (Note
+  [Weighing the measurement]); a fit of unknown length (an input of
+  unknown cardinality without steps_per_epoch) is not measured either. A
+  later, longer fit of the same model measures then. A measurement is
+  paid once: the next run reuses the plan file;
 - inputs that cannot be read twice (update_choice.first_batch), training
   across workers and micro_batches (not measured yet).
 
@@ -79,7 +81,14 @@ ROUNDS = 5
 DROP_AFTER = 2
 DROP_RATIO = 1.5
 MIN_FIT_STEPS = 500
-BUDGET = 0.1  # the most of a fit's estimated time the measurement may take
+# Note [Weighing the measurement]: the rest may cost at most BUDGET times what
+# the first round shows the largest count saving; a count PROBE_WIN or more
+# faster in that round is taken at once.
+BUDGET = 1.0
+PROBE_WIN = 1.5
+# Without the user's consent XLA is measured (for explain()'s hint) only where
+# its compile costs at most this part of the fit's time as compiled.
+XLA_HINT = 0.02
 XLA_TRACES = 3  # XLA's compile, in traces of the step (about 3x on this machine's models)
 # A step of at least this long has no dispatch cost worth removing.
 LONG_STEP_S = 0.04
@@ -161,6 +170,7 @@ class ExecutionChoice:
         self.current = ""  # the label of the way being timed (read by an injected clock)
         self.rounds = ROUNDS
         self.min_fit_steps, self.budget = MIN_FIT_STEPS, BUDGET
+        self.probe_win, self.xla_hint = PROBE_WIN, XLA_HINT
         self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._last: tuple[ModelExecution, Way, str] | None = None  # (state, way in use, why) of the last fit
 
@@ -269,11 +279,11 @@ class ExecutionChoice:
             before_measuring(model)
         start = time.perf_counter()
         try:
-            times, failed, first_s = measure(model, data, candidates, xla, self, fit_steps)
+            times, failed, first_s, notes, taken = measure(model, data, candidates, xla, self, fit_steps)
         except OverBudget as over:
-            state.reason, state.over_budget_at = f"{over} (not measured)", fit_steps
+            state.reason, state.over_budget_at = f"{over} (not measured further)", fit_steps
             return
-        self._conclude(state, times, failed, first_s, time.perf_counter() - start)
+        self._conclude(state, times, failed, first_s, time.perf_counter() - start, notes, taken)
         state.final = True
         if path:
             update_choice.write_entry(path, key, {
@@ -281,20 +291,23 @@ class ExecutionChoice:
                 "xla_wins": state.xla_wins, "xla_steps": state.xla_steps, "reason": state.reason,
                 "times_ms": state.times_ms}, SECTION, _valid_entry)
 
-    def _conclude(self, state: ModelExecution, times: dict, failed: dict, first_s: dict, took_s: float) -> None:
+    def _conclude(self, state: ModelExecution, times: dict, failed: dict, first_s: dict, took_s: float,
+                  notes: list[str], taken: Way | None) -> None:
         state.measured, state.source, state.times_ms = True, "measured", times
         base = state.compiled
         best, best_gain = base, 1.0
         for label, ms in times.items():
             way = _way_of(label)
-            if way.xla or label == base.label:
+            if way.xla or label == base.label or taken is not None:
                 continue
             wins, gain = optimizer_step.beats(times[base.label], ms)
             if wins and gain > best_gain:
                 best, best_gain = way, gain
-        state.best = best
+        state.best = taken or best
         spes = [label for label in times if not _way_of(label).xla]
-        if best != base:
+        if taken is not None:
+            reason = notes.pop(0)
+        elif best != base:
             reason = f"{best_gain:.2f}x faster than {base.steps_per_execution}, beyond the spread"
         elif len(spes) > 1:
             reason = "no other count faster beyond the spread"
@@ -302,14 +315,14 @@ class ExecutionChoice:
             reason = f"a step takes {statistics.median(times[base.label]):.0f} ms: dispatch is too small a part of it"
         xla = next((label for label in times if _way_of(label).xla), None)
         if xla is not None:
-            wins, gain = optimizer_step.beats(times[best.label], times[xla])
+            wins, gain = optimizer_step.beats(times[state.best.label], times[xla])
             state.xla_gain, state.xla_wins, state.xla_steps = gain, wins, _way_of(xla).steps_per_execution
             reason += (f"; XLA at {_way_of(xla).steps_per_execution}: {gain:.2f}x "
                        f"{'faster, beyond the spread' if wins else '(not faster beyond the spread)'}, "
                        f"its compile {first_s[xla]:.1f} s")
         for label, error in failed.items():
             reason += f"; {label} failed and was left out ({error})"
-        state.reason = reason + f"; measured in {took_s:.1f} s"
+        state.reason = "; ".join([reason, *notes]) + f"; measured in {took_s:.1f} s"
 
     def _take(self, state: ModelExecution, stored: dict, source: str) -> None:
         state.best = Way(int(stored["steps_per_execution"]), state.compiled.xla)
@@ -403,59 +416,105 @@ def _build(model, data) -> None:
 
 # -- the measurement ---------------------------------------------------------
 class OverBudget(Exception):
-    """The measurement would take too large a part of the fit."""
+    """The rest of the measurement would cost more than it can save."""
 
 
 def measure(model, data, candidates: list[Way], xla: Way | None, choice: ExecutionChoice,
             fit_steps: int | None = None):
     """Times each way on `data` (one batch, repeated) in interleaved rounds
     of the same steps; returns ({label: [ms per step per round]}, {label:
-    error} for a way left out, {label: seconds of its first call}). Raises
-    OverBudget where, after the first way, the rest would cost more than
-    choice.budget of a fit of `fit_steps` steps (None: no budget). Every model and optimizer
-    variable ends as it started, the metrics reset."""
+    error} for a way left out, {label: seconds of its first call}, [notes on
+    what was not measured and why], the count taken after the first round
+    or None).
+
+    The way as compiled and the largest count are traced and timed first, in
+    one round (Note [Weighing the measurement]); the rest only where it can
+    pay for itself. Raises OverBudget where nothing more is measured and the
+    way as compiled stays. Every model and optimizer variable ends as it
+    started, the metrics reset."""
     optimizer, strategy = model.optimizer, model.distribute_strategy
     compiled, fused = Way.of(model), optimizer_step.uses_fused_update(optimizer)
     restore = update_choice.variables_kept(strategy, [*model.variables, *optimizer.variables])
     dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(data).repeat())
-    functions, failed, first_s = {}, {}, {}
+    functions, failed, first_s, notes, taken = {}, {}, {}, [], None
+    steps = max(w.steps_per_execution for w in candidates + ([xla] if xla else []))
+    times: dict[str, list[float]] = {}
+
+    def trace(way: Way) -> float:
+        """Traces `way` (XLA: compiles); returns one step's seconds from a
+        second call. A way other than the user's that fails is left out."""
+        try:
+            start = time.perf_counter()
+            function, iterator = _traced(model, way, fused, dataset)
+            first_s[way.label] = time.perf_counter() - start
+            update_choice._sync(function(iterator))  # noqa: SLF001 (a second call: the step's time)
+            step_s = (time.perf_counter() - start - first_s[way.label]) / way.steps_per_execution
+            functions[way.label] = (function, iterator)
+            times[way.label] = []
+            return step_s
+        except Exception as error:  # noqa: BLE001 (a way that cannot run here, e.g. an op XLA lacks)
+            if way == candidates[0]:
+                raise  # the user's own way: its error is the user's
+            failed[way.label] = f"{type(error).__name__}: {update_choice._gist(error)[:200]}"  # noqa: SLF001
+            return math.inf
+
+    def one_round(index: int) -> None:
+        order = list(functions.items())
+        order = order[index % len(order):] + order[:index % len(order)]
+        for label, (function, iterator) in order:
+            choice.current = label
+            start = choice.clock()
+            for _ in range(steps // _way_of(label).steps_per_execution):
+                result = function(iterator)
+            update_choice._sync(result)  # noqa: SLF001
+            times[label].append(1e3 * (choice.clock() - start) / steps)
+
     try:
-        for way in candidates + ([xla] if xla else []):
-            if functions.get(candidates[0].label, (0, 0, 0))[2] >= LONG_STEP_S:  # (dispatch: too small a part)
-                if not way.xla:
-                    continue
-                way = Way(candidates[0].steps_per_execution, True)
-            try:
-                start = time.perf_counter()
-                function, iterator = _traced(model, way, fused, dataset)
-                first_s[way.label] = time.perf_counter() - start
-                update_choice._sync(function(iterator))  # noqa: SLF001 (a second call: the step's time)
-                step_s = (time.perf_counter() - start - first_s[way.label]) / way.steps_per_execution
-                functions[way.label] = (function, iterator, step_s)
-                if way == candidates[0]:
-                    _check_budget(choice, fit_steps, first_s[way.label], step_s, candidates, xla)
-            except Exception as error:  # noqa: BLE001 (a way that cannot run here, e.g. an op XLA lacks)
-                if way == candidates[0] or isinstance(error, OverBudget):
-                    raise  # the user's own way: its error is the user's
-                failed[way.label] = f"{type(error).__name__}: {update_choice._gist(error)[:200]}"  # noqa: SLF001
-        steps = max(_way_of(label).steps_per_execution for label in functions)
-        times = {label: [] for label in functions}
-        for index in range(choice.rounds):
+        base = candidates[0]
+        step_s = trace(base)
+        fit_s = (fit_steps or 0) * step_s
+        if xla is not None and not choice.allow_xla and fit_steps is not None:
+            compile_s = XLA_TRACES * first_s[base.label]
+            if compile_s > choice.xla_hint * fit_s:
+                notes.append(f"XLA not measured (allow_xla is off, and its compile, about {compile_s:.1f} s, "
+                             f"would be more than {choice.xla_hint:.0%} of this fit)")
+                xla = None
+        rounds_done = 0
+        if step_s < LONG_STEP_S and len(candidates) > 1:
+            largest = candidates[-1]
+            trace(largest)
+            verdict = "measure"
+            if largest.label in functions:
+                one_round(0)
+                rounds_done = 1
+                verdict, why = _weigh(choice, fit_steps, times[base.label][0], times[largest.label][0],
+                                      first_s[base.label], candidates, xla, steps)
+                if verdict == "keep":
+                    raise OverBudget(why)
+                if verdict == "take":
+                    taken = largest
+                    notes.insert(0, why)  # (the reason of the choice, first)
+                    if xla is None:
+                        return times, failed, first_s, notes, taken
+            if verdict == "measure":
+                for way in candidates[1:-1]:
+                    trace(way)
+        if xla is not None:
+            trace(xla if step_s < LONG_STEP_S else Way(base.steps_per_execution, True))
+        if len(functions) < 2:  # (one count or a long step, and XLA not measured or failed)
+            first = (f"a step takes {1e3 * step_s:.0f} ms: dispatch is too small a part of it"
+                     if len(candidates) > 1 else "steps_per_execution as given in compile")
+            raise OverBudget("; ".join([first, *notes,
+                                        *(f"{label} failed ({error})" for label, error in failed.items())]))
+        for index in range(rounds_done, choice.rounds):
             if index == DROP_AFTER:
-                slowest = max(times[candidates[0].label])
-                for label in [n for n in functions if n != candidates[0].label]:
+                slowest = max(times[base.label])
+                for label in [n for n in functions if n != base.label]:
                     if min(times[label]) > DROP_RATIO * slowest:
                         del functions[label]
-            order = list(functions.items())
-            order = order[index % len(order):] + order[:index % len(order)]
-            for label, (function, iterator, _) in order:
-                choice.current = label
-                start = choice.clock()
-                for _ in range(steps // _way_of(label).steps_per_execution):
-                    result = function(iterator)
-                update_choice._sync(result)  # noqa: SLF001
-                times[label].append(1e3 * (choice.clock() - start) / steps)
-        return times, failed, first_s
+            if len(functions) > 1:
+                one_round(index)
+        return {label: ms for label, ms in times.items() if ms}, failed, first_s, notes, taken
     finally:
         choice.current = ""
         model.steps_per_execution, model.jit_compile = compiled.steps_per_execution, compiled.xla
@@ -465,22 +524,40 @@ def measure(model, data, candidates: list[Way], xla: Way | None, choice: Executi
         model.reset_metrics()
 
 
-def _check_budget(choice: ExecutionChoice, fit_steps: int | None, trace_s: float, step_s: float,
-                  candidates: list[Way], xla: Way | None) -> None:
-    """Raises OverBudget where the rest of the measurement (estimated from
-    the first way's trace and step) exceeds choice.budget of the fit
-    (None: no budget)."""
+# Note [Weighing the measurement]
+# Several steps per call change no number, so measuring them costs only
+# time: the traces of each count and the rounds. The way as compiled (which
+# fit traces anyway) and the largest count are traced and timed first, in
+# one round of the same steps; what that round shows the largest count
+# saving over the whole fit is weighed against what the rest would cost
+# (the other counts' traces, XLA's compile where it is measured, the other
+# rounds). Where the rest costs more than choice.budget times that saving,
+# or where the largest count is choice.probe_win or more faster already (the rounds
+# cannot change that choice, only confirm it), the measurement stops there:
+# the way as compiled stays (OverBudget), a clear win is taken. So a long fit
+# of a small model is measured and a fit whose steps are long is not, and a
+# short fit pays two traces at most (none below MIN_FIT_STEPS).
+def _weigh(choice: ExecutionChoice, fit_steps: int | None, base_ms: float, largest_ms: float, trace_s: float,
+           candidates: list[Way], xla: Way | None, steps: int) -> tuple[str, str]:
+    """After the first round (see the note above): ("measure", ""), ("keep",
+    why: the way as compiled stays) or ("take", why: the largest count)."""
     if fit_steps is None:
-        return
-    long_step = step_s >= LONG_STEP_S
-    ways = (1 if long_step else len(candidates)) + (1 if xla else 0)
-    steps = 1 if long_step else max(w.steps_per_execution for w in candidates)
-    cost = trace_s * ((0 if long_step else len(candidates) - 1) + (XLA_TRACES if xla else 0))
-    cost += choice.rounds * ways * steps * step_s
-    fit_s = fit_steps * step_s
-    if cost > choice.budget * fit_s:
-        raise OverBudget(f"measuring would take about {cost:.1f} s, more than {choice.budget:.0%} of this fit "
-                         f"({fit_steps} steps, about {fit_s:.1f} s as compiled)")
+        return "measure", ""
+    saving_s = fit_steps * (base_ms - largest_ms) / 1e3
+    largest, base = candidates[-1].steps_per_execution, candidates[0].steps_per_execution
+    if saving_s <= 0:
+        return "keep", (f"{largest} steps per call were not faster than {base} in a first round "
+                        f"({largest_ms:.2f} against {base_ms:.2f} ms per step)")
+    if base_ms >= choice.probe_win * largest_ms:
+        return "take", (f"{base_ms / largest_ms:.2f}x faster than {base} in a first round, at least "
+                        f"{choice.probe_win}x: taken without more rounds")
+    ways = len(candidates) + (1 if xla else 0)
+    rest_s = trace_s * (len(candidates) - 2 + (XLA_TRACES if xla else 0))
+    rest_s += (choice.rounds - 1) * ways * steps * base_ms / 1e3
+    if rest_s > choice.budget * saving_s:
+        return "keep", (f"measuring further would take about {rest_s:.1f} s, more than the about {saving_s:.1f} s "
+                        f"that {largest} steps per call were seen to save over this fit ({fit_steps} steps)")
+    return "measure", ""
 
 
 def _traced(model, way: Way, fused: bool, dataset) -> tuple:

@@ -149,8 +149,9 @@ class SingleDeviceStrategy(Strategy, tf.distribute.OneDeviceStrategy, placement=
         """Why one device, which optimizer step runs and how many steps per
         call (with their timings)."""
         return "\n".join([
-            f"tf_glp.Strategy({self.settings.describe()}) on one device ({HOST_DEVICE}): no GPUs, so it trains as "
-            f"plain Keras does; logical CPU replicas would share these cores and only add tf.distribute's fixed "
+            f"tf_glp.Strategy({self.settings.describe()}) on one device ({HOST_DEVICE}): no GPUs, so it trains on "
+            f"Keras' own path (its train step and input pipeline) with the optimizer step and execution below; "
+            f"logical CPU replicas would share these cores and only add tf.distribute's fixed "
             f"cost per step (cpu_replicas=N trains N replicas, to try multi-replica code)",
             ("  optimizer step: Keras' own (XLA compiles the step, and tf_glp's fused ops cannot run inside it)"
              if self._execution.xla_in_use else self._step_choice.explain_line()),
