@@ -12,7 +12,8 @@ import pytest
 
 import keras
 import tf_glp
-from tf_glp.strategy import execution_choice, update_choice
+from tf_glp.strategy import execution_choice
+from tf_glp.tuning import store
 
 BATCH, SAMPLES, EPOCHS = 64, 640, 3  # 10 steps per epoch: with 4 per call, 4 + 4 + 2
 
@@ -280,8 +281,8 @@ def test_writing_one_section_keeps_the_other_and_drops_unreadable_entries(tmp_pa
     key = {"optimizer": "Adam", "trainable": [[[2], "float32"]]}
     plan.write_text(json.dumps({"plans": [{"key": key, "choice": "host"}],
                                 "executions": [{"no": "key"}, {"key": key, "steps_per_execution": "x"}]}))
-    update_choice.write_entry(str(plan), key, {"steps_per_execution": 4, "reason": "r"}, update_choice.EXECUTIONS,
-                              execution_choice._valid_entry)  # noqa: SLF001
+    store.write_entry(str(plan), key, {"steps_per_execution": 4, "reason": "r"}, store.EXECUTIONS,
+                      execution_choice._valid_entry, execution_choice.WHO)  # noqa: SLF001
     sections = json.loads(plan.read_text())
     assert sections == {"plans": [{"key": key, "choice": "host"}],
                         "executions": [{"key": key, "steps_per_execution": 4, "reason": "r"}]}

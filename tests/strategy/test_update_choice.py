@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import tf_glp
 from tf_glp.strategy import update_choice
+from tf_glp.tuning import store
 from tf_glp.strategy import AutoStrategy, concepts
 
 L = keras.layers
@@ -159,10 +160,10 @@ def test_the_plan_is_reused_and_a_corrupt_or_foreign_one_measured_again(tmp_path
     key = entry["key"]
     plan.write_text("{not json")
     with pytest.warns(UserWarning, match="is not a readable plan"):
-        assert update_choice.read_plan(str(plan), key) is None
+        assert store.read_plan(str(plan), key, store.PLANS, update_choice._known_concept, update_choice.WHO) is None
     plan.write_text(json.dumps({"key": key, "choice": "replicas"}))  # the first format: one plan, no list
     with pytest.warns(UserWarning, match="not a list of plans"):
-        assert update_choice.read_plan(str(plan), key) is None
+        assert store.read_plan(str(plan), key, store.PLANS, update_choice._known_concept, update_choice.WHO) is None
     # Foreign: this model's entry written for another batch size; measured
     # again, replaced.
     plan.write_text(json.dumps({"plans": [dict(entry, key=dict(key, global_batch=2 * BATCH))]}))

@@ -41,7 +41,7 @@ What is kept as the user wrote it (not measured):
   [Weighing the measurement]); a fit of unknown length (an input of
   unknown cardinality without steps_per_epoch) is not measured either. A
   later, longer fit of the same model measures then. A measurement is
-  paid once: the next run reuses the plan file;
+  paid once: the next run reuses the plan store's entry;
 - inputs that cannot be read twice (update_choice.first_batch), training
   across workers and micro_batches (not measured yet).
 
@@ -54,8 +54,8 @@ same fit with the value written in compile (tests/strategy/
 test_execution_choice.py). The measurement leaves every model and optimizer
 variable (each replica's copy) as it found it.
 
-The choice goes to the plan file's "executions" section (update_choice.py's
-file, one entry per model), reused by the next run with the same key.
+The choice goes to the plan store's "executions" section (tf_glp/tuning/
+store.py), reused by the next run with the same key.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ import tensorflow as tf
 from tf_glp._keras import compat
 from tf_glp.profiling import optimizer_step
 from tf_glp.strategy import fit_setup, update_choice
+from tf_glp.tuning import store
 
 SPE_CANDIDATES = (1, 4, 16)
 ROUNDS = 5
@@ -92,7 +93,7 @@ XLA_HINT = 0.02
 XLA_TRACES = 3  # XLA's compile, in traces of the step (about 3x on this machine's models)
 # A step of at least this long has no dispatch cost worth removing.
 LONG_STEP_S = 0.04
-SECTION = update_choice.EXECUTIONS
+SECTION = store.EXECUTIONS
 WHO = "tf_glp.Strategy (steps per execution)"
 # Callbacks whose batch hooks do the same with N steps per call: Progbar
 # draws every call, History keeps epochs; checkpoints saved per epoch
@@ -165,7 +166,7 @@ class ExecutionChoice:
     def __init__(self, strategy, clock=time.perf_counter):
         self._strategy = strategy
         self.allow_xla = strategy.settings.allow_xla and strategy._is_one_device
-        self.plan_path = strategy.settings.plan_path
+        self.plan_path = store.resolve(strategy.settings.plan_path)
         self.clock = clock
         self.current = ""  # the label of the way being timed (read by an injected clock)
         self.rounds = ROUNDS
@@ -270,7 +271,7 @@ class ExecutionChoice:
         xla = Way(max(spes), True) if measure_xla else None
         path = self.plan_path
         key = _plan_key(model, strategy, batch, [w.label for w in candidates + ([xla] if xla else [])]) if path else None
-        stored = update_choice.read_plan(path, key, SECTION, _valid_entry, WHO) if path else None
+        stored = store.read_plan(path, key, SECTION, _valid_entry, WHO) if path else None
         if stored is not None:
             self._take(state, stored, source=f"reused {path}")
             state.final = True
@@ -286,10 +287,10 @@ class ExecutionChoice:
         self._conclude(state, times, failed, first_s, time.perf_counter() - start, notes, taken)
         state.final = True
         if path:
-            update_choice.write_entry(path, key, {
+            store.write_entry(path, key, {
                 "steps_per_execution": state.best.steps_per_execution, "xla_gain": state.xla_gain,
                 "xla_wins": state.xla_wins, "xla_steps": state.xla_steps, "reason": state.reason,
-                "times_ms": state.times_ms}, SECTION, _valid_entry)
+                "times_ms": state.times_ms}, SECTION, _valid_entry, WHO)
 
     def _conclude(self, state: ModelExecution, times: dict, failed: dict, first_s: dict, took_s: float,
                   notes: list[str], taken: Way | None) -> None:
@@ -365,9 +366,7 @@ def _valid_entry(entry: dict) -> bool:
 def _plan_key(model, strategy, batch: int | None, candidates: list[str]) -> dict:
     """What the measurement depends on (not allow_xla: consent only decides
     whether a measured XLA win is taken)."""
-    import tf_glp  # noqa: PLC0415 (the package imports this module)
-
-    return {"schema": update_choice.SCHEMA, "tf_glp": tf_glp.__version__, "tensorflow": tf.__version__,
+    return {"schema": update_choice.SCHEMA, **store.machine(),
             "devices": list(strategy.extended.worker_devices), "global_batch": batch, "candidates": candidates,
             "update": strategy.concept,
             "optimizer": type(model.optimizer).__name__,

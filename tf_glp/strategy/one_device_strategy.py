@@ -28,9 +28,11 @@ import keras
 import tensorflow as tf
 
 from tf_glp._keras import compat
+from tf_glp.ops.keras_fused import fused_optimizer
 from tf_glp.profiling import optimizer_step
 from tf_glp.strategy import concepts
 from tf_glp.strategy.strategy import HOST_DEVICE, ONE_DEVICE, Strategy
+from tf_glp.tuning import store
 
 
 class OneDeviceExtended(compat.one_device_extended_class()):
@@ -43,7 +45,8 @@ class OneDeviceExtended(compat.one_device_extended_class()):
 
 class OptimizerStepChoice:
     """The optimizer step of a one-device tf_glp.Strategy: Keras' update or
-    the fused one, measured once per optimizer at the start of its first fit."""
+    the fused one, measured once per optimizer at the start of its first fit
+    and kept in the plan store, so that the next run trains as this one did."""
 
     def __init__(self, strategy):
         self._strategy = strategy
@@ -62,8 +65,16 @@ class OptimizerStepChoice:
             return False
         ok, why = optimizer_step.eligible(model, one_device_strategy=self._strategy)
         if ok:
-            native, fused = optimizer_step.time_updates(optimizer, model.trainable_variables, trials)
-            self.record = optimizer_step.record(optimizer, native, fused, model.trainable_variables)
+            path = store.resolve(self._strategy.settings.plan_path)
+            key = _step_key(model)
+            stored = store.read_plan(path, key, store.OPTIMIZER_STEPS, _valid_step, WHO) if path else None
+            if stored is not None:
+                self.record = {**{k: v for k, v in stored.items() if k != "key"}, "source": f"reused {path}"}
+            else:
+                native, fused = optimizer_step.time_updates(optimizer, model.trainable_variables, trials)
+                self.record = optimizer_step.record(optimizer, native, fused, model.trainable_variables)
+                if path:
+                    store.write_entry(path, key, self.record, store.OPTIMIZER_STEPS, _valid_step, WHO)
         else:
             self.record = {"optimizer_class": type(optimizer).__name__, "choice": "native", "reason": why}
         self._optimizer_id = id(optimizer)
@@ -80,9 +91,28 @@ class OptimizerStepChoice:
         if "native_ms" not in record:
             return f"  optimizer step: Keras' own ({record['optimizer_class']}: {record['reason']})"
         chosen = "tf_glp's fused update" if record["choice"] == "fused" else "Keras' own"
+        source = f"; {record['source']}" if "source" in record else ""
         return (f"  optimizer step: {chosen} ({record['optimizer_class']}, {record['reason']}; timed on "
                 f"{record['timed_parameters']:,} of {record['parameters']:,} parameters: Keras "
-                f"{record['native_ms']:.3f} ms, fused {record['fused_ms']:.3f} ms)")
+                f"{record['native_ms']:.3f} ms, fused {record['fused_ms']:.3f} ms{source})")
+
+
+WHO = "tf_glp.Strategy (optimizer step)"
+
+
+def _step_key(model: keras.Model) -> dict:
+    """What the optimizer-step timing depends on: the update kind the
+    optimizer's settings choose, the shapes it updates, the machine."""
+    optimizer = model.optimizer
+    return {**store.machine(), "optimizer": type(optimizer).__name__,
+            "update": fused_optimizer(optimizer).host_update(optimizer).kind,
+            "trainable": [[list(v.shape), str(v.dtype)] for v in model.trainable_variables]}
+
+
+def _valid_step(entry: dict) -> bool:
+    return entry.get("choice") in ("fused", "native") and all(
+        isinstance(entry.get(field), (int, float)) for field in ("native_ms", "fused_ms", "timed_parameters",
+                                                                  "parameters"))
 
 
 class OptimizerStepDecision(keras.callbacks.Callback):

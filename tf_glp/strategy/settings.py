@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
 from typing import Any
 
 from tf_glp.strategy import chunking, compression, concepts
@@ -34,7 +35,7 @@ class Settings:
     cpu_replicas: int | None = None
     cluster_resolver: Any = None
     micro_batches: int | None = None
-    plan_path: str | None = "glp_strategy_plan.json"
+    plan_path: str | None = "auto"  # tf_glp.tuning.store.AUTO: the user's cache
     allow_xla: bool = False
 
     def __post_init__(self):
@@ -50,6 +51,10 @@ class Settings:
                 raise ValueError(f"cpu_replicas must be None or an int, got {self.cpu_replicas!r}")
             if self.cpu_replicas < 1:
                 raise ValueError(f"cpu_replicas must be at least 1, got {self.cpu_replicas}")
+        if self.plan_path is not None:
+            if not isinstance(self.plan_path, (str, os.PathLike)):
+                raise ValueError(f"plan_path must be 'auto', a file's path or None, got {self.plan_path!r}")
+            object.__setattr__(self, "plan_path", os.fspath(self.plan_path))
         if not isinstance(self.allow_xla, bool):
             raise ValueError(f"allow_xla must be True or False, got {self.allow_xla!r}")
         chunking.validate_chunking(self.chunking)

@@ -90,9 +90,9 @@ class Strategy(tf.distribute.Strategy):
             (`python -m tf_glp.launch` sets it). Each worker's host sums its
             replicas; the workers' sums meet in TensorFlow's collective
             all-reduce (multi_worker_strategy.py).
-        plan_path: Where update="auto" and the steps per execution keep
-            their choice (reused by a run with the same model, optimizer,
-            devices and batch); None: nowhere. Default: "glp_strategy_plan.json".
+        plan_path: Where the start-up choices are kept for the next run
+            of the same model on this machine: "auto" (default), the
+            user's cache (tf_glp/tuning/store.py); a file; None: nowhere.
         allow_xla: On one device, XLA (`jit_compile=True`) may be chosen
             where it measures faster at the start of the first fit
             (execution_choice.py); it rounds differently, so without this

@@ -33,18 +33,15 @@ optimizer built before the first fit (its state already lives where "host"
 puts it), inputs that cannot be read twice (Python generators, PyDatasets),
 and an optimizer that cannot be copied from its config.
 
-The choice and its times go to a small plan file (default
-"glp_strategy_plan.json"), one entry per model, reused by the next run with
-the same key (tf_glp and TensorFlow versions, devices, global batch,
-compression, the model's trainable shapes, the optimizer). A file that
-cannot be read, or this model's entry written with another key (another
-machine, batch or versions), is measured again with a warning; a model
-with no entry yet is measured and added.
+The choice and its times go to the plan store (tf_glp/tuning/store.py; by
+default the user's cache), reused by the next run with the same key (the
+machine and versions, devices, global batch, compression, the model's
+trainable shapes, the optimizer). A model with no entry for this key is
+measured and added.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import statistics
@@ -55,8 +52,9 @@ import keras
 import tensorflow as tf
 
 from tf_glp._keras import compat
-from tf_glp.profiling import optimizer_step, plan as plan_lib
+from tf_glp.profiling import optimizer_step
 from tf_glp.strategy import concepts
+from tf_glp.tuning import store
 
 CANDIDATES = tuple(concepts.CONCEPTS)  # their names: the form plan files and explain() use
 DEFAULT = concepts.DEFAULT.name
@@ -119,20 +117,12 @@ def choose(times_ms: dict[str, list[float]], default: str = DEFAULT) -> tuple[st
     return best, f"{best_gain:.2f}x faster than {default!r}, beyond the spread"
 
 
-# -- the plan file -----------------------------------------------------------
-# The file holds one entry per model (a script that trains two models keeps
-# both) in each section: "plans" (this module's concepts) and "executions"
-# (the steps per execution: execution_choice.py). An
-# entry is found by its whole key. MODEL_FIELDS say which model it is; the
-# others where and how it ran.
-MODEL_FIELDS = ("optimizer", "trainable")
-PLANS, EXECUTIONS = "plans", "executions"
+# -- the plan -----------------------------------------------------------------
+WHO = "tf_glp.Strategy(update='auto')"
 
 
 def plan_key(model, strategy, batch: int) -> dict:
-    import tf_glp  # noqa: PLC0415 (the package imports this module)
-
-    return {"schema": SCHEMA, "tf_glp": tf_glp.__version__, "tensorflow": tf.__version__,
+    return {"schema": SCHEMA, **store.machine(),
             "devices": list(strategy.extended.worker_devices), "global_batch": batch,
             "compression": strategy.compression, "optimizer": type(model.optimizer).__name__,
             # Shapes and dtypes, not names (Keras numbers the names of every
@@ -140,80 +130,14 @@ def plan_key(model, strategy, batch: int) -> dict:
             "trainable": [[list(v.shape), str(v.dtype)] for v in model.trainable_variables]}
 
 
-def _same_model(a: dict, b: dict) -> bool:
-    return all(a.get(field) == b.get(field) for field in MODEL_FIELDS)
-
-
 def _known_concept(entry: dict) -> bool:
     return entry.get("choice") in CANDIDATES
 
 
-def _sections(path: str) -> dict:
-    """The file's sections; {} for no file; raises ValueError or OSError for
-    one that is not a JSON object."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        return {}
-    if not isinstance(data, dict) or not set(data) <= {PLANS, EXECUTIONS}:
-        raise ValueError(f"not a list of plans (a JSON object of {PLANS!r} and {EXECUTIONS!r})")
-    return data
-
-
-def _entries(path: str, section: str = PLANS, valid=_known_concept) -> list[dict]:
-    """The section's entries; [] for no file or no such section; raises
-    ValueError or OSError for one that cannot be read as plans."""
-    entries = _sections(path).get(section, [])
-    if not isinstance(entries, list) or not all(
-            isinstance(e, dict) and isinstance(e.get("key"), dict) and valid(e) for e in entries):
-        raise ValueError(f"{section!r} is not a list of entries with a key and a known choice")
-    return entries
-
-
-def read_plan(path: str, key: dict, section: str = PLANS, valid=_known_concept,
-              who: str = "tf_glp.Strategy(update='auto')") -> dict | None:
-    """The entry stored at `path` for `key`, or None: no file, or no entry
-    for this model (measured, then added); with a warning, a file that
-    cannot be read or an entry for this model written on another machine,
-    versions or setting (measured again, then replaced)."""
-    try:
-        entries = _entries(path, section, valid)
-    except (OSError, ValueError) as error:
-        warnings.warn(f"{who}: {path} is not a readable plan ({error}); measuring again", stacklevel=2)
-        return None
-    for entry in entries:
-        if entry["key"] == key:
-            return entry
-    foreign = [entry for entry in entries if _same_model(entry["key"], key)]
-    if foreign:
-        differ = sorted(field for field in key if foreign[0]["key"].get(field) != key[field])
-        warnings.warn(f"{who}: {path} holds this model's plan for another machine or "
-                      f"setting ({', '.join(differ)} differ); measuring again", stacklevel=2)
-    return None
-
-
-def write_entry(path: str, key: dict, entry: dict, section: str = PLANS, valid=_known_concept) -> None:
-    """Adds this model's entry ({"key": key, **entry}) to the section of
-    `path`, replacing one for the same model and keeping the other
-    sections; entries that cannot be read (`valid`) are dropped, a file
-    that cannot be read is replaced whole."""
-    try:
-        sections = _sections(path)
-    except (OSError, ValueError):
-        sections = {}
-    kept = sections.get(section)
-    if not isinstance(kept, list):
-        kept = []
-    entries = [e for e in kept if isinstance(e, dict) and isinstance(e.get("key"), dict) and valid(e)
-               and not _same_model(e["key"], key)]
-    entries.append({"key": key, **entry})
-    plan_lib.write_json(path, {**sections, section: entries})
-
-
 def write_plan(path: str, key: dict, choice: UpdateChoice) -> None:
-    """Adds this model's concept to `path` (write_entry)."""
-    write_entry(path, key, {"choice": choice.concept, "reason": choice.reason, "times_ms": choice.times_ms})
+    """Adds this model's concept to `path` (store.write_entry)."""
+    store.write_entry(path, key, {"choice": choice.concept, "reason": choice.reason, "times_ms": choice.times_ms},
+                      store.PLANS, _known_concept, WHO)
 
 
 # -- the decision ------------------------------------------------------------
@@ -233,8 +157,8 @@ def decide(strategy, model, arguments: dict, batch: int | None) -> None:
     data = _packed(batch_values)
     _build_without_optimizer(model, data)  # (what is built already stays as it is)
     key = plan_key(model, strategy, batch)
-    path = strategy.settings.plan_path
-    stored = read_plan(path, key) if path else None
+    path = store.resolve(strategy.settings.plan_path)
+    stored = store.read_plan(path, key, store.PLANS, _known_concept, WHO) if path else None
     if stored is not None:
         choice.decide(stored["choice"], stored["reason"], stored.get("times_ms"), source=f"reused {path}")
         return

@@ -1,0 +1,170 @@
+"""The plan store: where tf_glp.Strategy keeps its start-up choices between
+runs, so that the next run of the same model on the same machine measures
+nothing and trains as the first did.
+
+By default one file per user and machine in the platform's cache folder
+(`$TF_GLP_CACHE_DIR`, else `$XDG_CACHE_HOME/tf_glp`, else `~/.cache/tf_glp`),
+so a script's working folder stays clean and two scripts in one folder do not
+measure each other's models again; `plan_path=` names another file, None
+keeps nothing. The file holds sections (one per choice: the update concept,
+the steps per execution, the one-device optimizer step), each a list of
+entries; an entry is found by its whole key (the model's shapes, batch,
+devices, the machine: CPU model and instruction set, the TensorFlow, Keras
+and tf_glp versions), and an entry whose key differs is never used.
+
+Writers take a lock on a side file and replace the file atomically (a reader
+sees the old file or the new one, never half); a file that cannot be read or
+written gives one warning and a measurement, never an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import platform
+import warnings
+
+from tf_glp.profiling import plan as plan_lib
+
+AUTO = "auto"
+ENVIRONMENT = "TF_GLP_CACHE_DIR"
+FILE_NAME = "strategy_plans.json"
+# The sections, one per start-up choice (update_choice.py, execution_choice.py,
+# one_device_strategy.py).
+PLANS, EXECUTIONS, OPTIMIZER_STEPS = "plans", "executions", "optimizer_steps"
+SECTIONS = (PLANS, EXECUTIONS, OPTIMIZER_STEPS)
+# The key fields that say which model an entry is for; the others say where
+# and how it ran.
+MODEL_FIELDS = ("optimizer", "trainable")
+
+_warned: set[str] = set()
+
+
+def cache_dir() -> str:
+    """The folder of the default plan file."""
+    if os.environ.get(ENVIRONMENT):
+        return os.environ[ENVIRONMENT]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tf_glp")
+
+
+def resolve(plan_path: str | None) -> str | None:
+    """The file a `plan_path` setting names: AUTO, the cache's; None, none."""
+    return os.path.join(cache_dir(), FILE_NAME) if plan_path == AUTO else plan_path
+
+
+def machine() -> dict:
+    """The key fields of the machine and versions an entry was measured on."""
+    import keras  # noqa: PLC0415 (the package imports this module first)
+    import tensorflow as tf  # noqa: PLC0415
+
+    import tf_glp  # noqa: PLC0415
+
+    return {"tf_glp": tf_glp.__version__, "tensorflow": tf.__version__, "keras": keras.__version__,
+            "cpu": _cpu_model(), "isa": tf_glp.native_available().cpu_kernels}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _warn_once(message: str, who: str) -> None:
+    """Warns once per process for each message (a script that builds many
+    models gets one warning about an unwritable cache, not one per model)."""
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(f"{who}: {message}", stacklevel=3)
+
+
+def _sections(path: str) -> dict:
+    """The file's sections; {} for no file; raises ValueError or OSError for
+    one that is not a JSON object of known sections."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    if not isinstance(data, dict) or not set(data) <= set(SECTIONS):
+        raise ValueError(f"not a list of plans (a JSON object of {', '.join(map(repr, SECTIONS))})")
+    return data
+
+
+def _entries(path: str, section: str, valid) -> list[dict]:
+    """The section's entries; [] for no file or no such section; raises
+    ValueError or OSError for one that cannot be read as plans."""
+    entries = _sections(path).get(section, [])
+    if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("key"), dict) and valid(e) for e in entries):
+        raise ValueError(f"{section!r} is not a list of entries with a key and a known choice")
+    return entries
+
+
+def _same_model(a: dict, b: dict) -> bool:
+    return all(a.get(field) == b.get(field) for field in MODEL_FIELDS)
+
+
+def read_plan(path: str, key: dict, section: str, valid, who: str) -> dict | None:
+    """The entry stored at `path` for `key`, or None: no file, or no entry
+    for this model (measured, then added); with a warning, a file that
+    cannot be read or an entry for this model written on another machine,
+    versions or setting (measured again, then replaced)."""
+    try:
+        entries = _entries(path, section, valid)
+    except (OSError, ValueError) as error:
+        _warn_once(f"{path} is not a readable plan ({error}); measuring again", who)
+        return None
+    for entry in entries:
+        if entry["key"] == key:
+            return entry
+    foreign = [entry for entry in entries if _same_model(entry["key"], key)]
+    if foreign and path != resolve(AUTO):  # (the cache keeps every machine's entries: not news)
+        differ = sorted(field for field in key if foreign[0]["key"].get(field) != key[field])
+        warnings.warn(f"{who}: {path} holds this model's plan for another machine or "
+                      f"setting ({', '.join(differ)} differ); measuring again", stacklevel=2)
+    return None
+
+
+@contextlib.contextmanager
+def _locked(path: str):
+    """An exclusive lock for writing `path` (a side file, so that the
+    atomic replace of `path` does not drop it)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def write_entry(path: str, key: dict, entry: dict, section: str, valid, who: str) -> None:
+    """Adds this key's entry ({"key": key, **entry}) to the section of
+    `path`, replacing one for the same key (in the cache) or the same model
+    (in a file of the user's), keeping the other sections; entries that
+    cannot be read (`valid`) are dropped, a file that cannot be read is
+    replaced whole. A file that cannot be written gives one warning."""
+    same = (lambda k: k == key) if path == resolve(AUTO) else (lambda k: _same_model(k, key))
+    try:
+        with _locked(path):
+            try:
+                sections = _sections(path)
+            except (OSError, ValueError):
+                sections = {}
+            kept = sections.get(section)
+            if not isinstance(kept, list):
+                kept = []
+            entries = [e for e in kept if isinstance(e, dict) and isinstance(e.get("key"), dict) and valid(e)
+                       and not same(e["key"])]
+            entries.append({"key": key, **entry})
+            plan_lib.write_json(path, {**sections, section: entries})
+    except OSError as error:
+        _warn_once(f"cannot write the plan {path} ({error}); the next run measures again", who)
