@@ -52,22 +52,22 @@ void FactoredNormPasses(const HostUpdateSpec& spec, const ParallelRunner& runner
   const UpdateArgs& a = spec.args;
   const int64_t rows = spec.factor_rows, cols = spec.factor_cols;
   const int64_t matrices = spec.num_elements / (rows * cols);
-  UpdateArgs pass = a;
-  pass.factor_rows = rows;
-  pass.factor_cols = cols;
+  UpdateArgs factored = a;
+  factored.factor_rows = rows;
+  factored.factor_cols = cols;
   // Tasks of about kFactorTaskElements, at most kFactorTaskRows rows: the
   // column sums are float32 over a task's rows.
-  pass.rows_per_task = std::clamp<int64_t>(kFactorTaskElements / cols, 1, kFactorTaskRows);
-  const int64_t tasks_per_matrix = (rows + pass.rows_per_task - 1) / pass.rows_per_task;
+  factored.rows_per_task = std::clamp<int64_t>(kFactorTaskElements / cols, 1, kFactorTaskRows);
+  const int64_t tasks_per_matrix = (rows + factored.rows_per_task - 1) / factored.rows_per_task;
   const int64_t tasks = matrices * tasks_per_matrix;
   std::vector<double> sums(static_cast<size_t>(tasks * Formula::kNorms));
   std::vector<float> column_sums(static_cast<size_t>(tasks * cols));
   std::vector<float> row_factors(static_cast<size_t>(matrices * rows));
-  pass.norm_sums = sums.data();
-  pass.column_sums = column_sums.data();
-  pass.row_factors = row_factors.data();
-  pass.pass = UpdatePass::kFactorStats;
-  RunTasks(runner, tasks, bytes_moved, kernel, pass);
+  factored.norm_sums = sums.data();
+  factored.column_sums = column_sums.data();
+  factored.row_factors = row_factors.data();
+  factored.pass = UpdatePass::kFactorStats;
+  RunTasks(runner, tasks, bytes_moved, kernel, factored);
   const float* s = a.scalars;
   for (int64_t matrix = 0; matrix < matrices; ++matrix) {
     float* r = a.slots[0] + matrix * rows;
@@ -88,8 +88,8 @@ void FactoredNormPasses(const HostUpdateSpec& spec, const ParallelRunner& runner
     const float r_mean = static_cast<float>(r_total) / static_cast<float>(rows);
     for (int64_t m = 0; m < rows; ++m) factors[m] = r[m] / r_mean;
   }
-  pass.pass = UpdatePass::kFactoredNorms;
-  RunTasks(runner, tasks, bytes_moved, kernel, pass);
+  factored.pass = UpdatePass::kFactoredNorms;
+  RunTasks(runner, tasks, bytes_moved, kernel, factored);
   for (int64_t t = 0; t < tasks; ++t) {
     for (int n = 0; n < Formula::kNorms; ++n) totals[n] += sums[t * Formula::kNorms + n];
   }

@@ -3,11 +3,15 @@ compression schemes (compression.py), the strategy classes the factory
 picks from, and the hooks contract the Keras patches call
 (tf_glp/_keras/patches.py StrategyHooks)."""
 
+import inspect
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf_glp
+from tf_glp._keras import patches
 from tf_glp._keras.patches import StrategyHooks
 from tf_glp.strategy import Strategy, compression, concept_model, concepts, devices, update_choice
 
@@ -43,6 +47,17 @@ def test_each_strategy_runs_its_settings_concept_and_keeps_the_hooks_contract(up
     assert isinstance(strategy, StrategyHooks)
     one_device = tf_glp.Strategy(update=update)
     assert isinstance(one_device, StrategyHooks) and one_device._is_one_device
+
+
+def test_the_hooks_contract_lists_exactly_the_hooks_the_patches_call():
+    """StrategyHooks is what tf_glp/_keras/patches.py calls on a strategy:
+    no hook it never calls (fit_setup's own calls are the strategy
+    package's business), none it calls unlisted."""
+    source = inspect.getsource(patches)
+    called = set(re.findall(r"\bstrategy\.(_[a-z_]+)\(", source))
+    listed = {name for name, value in vars(StrategyHooks).items()
+              if name.startswith("_") and not name.startswith("__") and callable(value)}
+    assert called == listed, (sorted(called - listed), sorted(listed - called))
 
 
 @pytest.mark.parametrize("name", list(compression.SCHEMES))

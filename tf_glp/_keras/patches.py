@@ -138,11 +138,6 @@ class StrategyHooks(Protocol):
         """Called by `Trainer.compile` with its bound arguments (those the
         user passed), before Keras' compile; may change them."""
 
-    def _prepare_execution(self, model, arguments: dict, batch: int | None, callbacks: list) -> list:
-        """Called by fit_setup with fit's bound arguments, global batch and
-        callbacks; may set how fit runs its steps (steps_per_execution,
-        jit_compile) for this fit; returns callbacks to add."""
-
     def _prepare_fit(self, model, arguments: dict) -> None:
         """Called by `fit` with its bound arguments, before Keras' fit; may
         check them and add callbacks."""
