@@ -252,6 +252,28 @@ def test_the_first_round_weighs_the_rest():
     assert weigh(choice, None, 1.0, 0.8, 0.4, ways, xla, 16)[0] == "measure"  # (no length: no budget)
 
 
+def test_a_kept_way_is_remembered_for_fits_as_long_and_a_longer_fit_measures_again(tmp_path):
+    plan = str(tmp_path / "plan.json")
+    first = _strategy(FAST_4, plan_path=plan)
+    first._execution.budget = 0.0  # noqa: SLF001 (the rest always costs more than it saves)
+    with first.scope():
+        model = _model()
+    _fit(model)
+    assert "measuring further would take about" in first.explain(), first.explain()
+    calls = []
+    again = _strategy(FAST_4, calls, plan_path=plan)
+    with again.scope():
+        model = _model()
+    record = Record()
+    _fit(model, [record])
+    assert calls == [] and record.ways == [(1, False)] and f"reused {plan}" in again.explain()
+    longer = _strategy(FAST_4, calls, plan_path=plan)
+    with longer.scope():
+        model = _model()
+    _fit(model, [record], epochs=EPOCHS + 1)
+    assert calls and record.ways[-1] == (4, False)  # measured: 4 wins with the budget lifted
+
+
 def test_a_clear_first_round_is_taken_and_xla_without_consent_only_where_its_compile_is_small():
     calls = []
     strategy = _strategy({"1": 3.0, "4": 1.0, "XLA 4": 0.5}, calls)
@@ -265,7 +287,7 @@ def test_a_clear_first_round_is_taken_and_xla_without_consent_only_where_its_com
     assert calls.count("1") == calls.count("4") == 2 and "XLA 4" not in calls  # one round, clock read twice
     explain = strategy.explain()
     assert "steps_per_execution=4, no XLA: 3.00x faster than 1 in a first round" in explain, explain
-    assert "XLA not measured (allow_xla is off, and its compile" in explain, explain
+    assert "XLA not measured (allow_xla is off, and measuring it, about" in explain, explain
 
 
 def test_allow_xla_is_a_bool_and_has_no_effect_with_replicas():

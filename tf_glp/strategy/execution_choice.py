@@ -272,9 +272,11 @@ class ExecutionChoice:
         path = self.plan_path
         key = _plan_key(model, strategy, batch, [w.label for w in candidates + ([xla] if xla else [])]) if path else None
         stored = store.read_plan(path, key, SECTION, _valid_entry, WHO) if path else None
-        if stored is not None:
+        # (A way kept for a fit of some length: a longer fit may measure.)
+        if stored is not None and fit_steps <= stored.get("kept_for_fit_steps", fit_steps):
             self._take(state, stored, source=f"reused {path}")
-            state.final = True
+            state.final = "kept_for_fit_steps" not in stored
+            state.over_budget_at = stored.get("kept_for_fit_steps", 0)
             return
         if before_measuring is not None:
             before_measuring(model)
@@ -283,6 +285,10 @@ class ExecutionChoice:
             times, failed, first_s, notes, taken = measure(model, data, candidates, xla, self, fit_steps)
         except OverBudget as over:
             state.reason, state.over_budget_at = f"{over} (not measured further)", fit_steps
+            if path:  # the next run of this fit (or a shorter one) need not trace it again
+                store.write_entry(path, key, {"steps_per_execution": compiled.steps_per_execution,
+                                              "reason": state.reason, "kept_for_fit_steps": fit_steps},
+                                  SECTION, _valid_entry, WHO)
             return
         self._conclude(state, times, failed, first_s, time.perf_counter() - start, notes, taken)
         state.final = True
@@ -436,7 +442,6 @@ def measure(model, data, candidates: list[Way], xla: Way | None, choice: Executi
     restore = update_choice.variables_kept(strategy, [*model.variables, *optimizer.variables])
     dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(data).repeat())
     functions, failed, first_s, notes, taken = {}, {}, {}, [], None
-    steps = max(w.steps_per_execution for w in candidates + ([xla] if xla else []))
     times: dict[str, list[float]] = {}
 
     def trace(way: Way) -> float:
@@ -458,6 +463,9 @@ def measure(model, data, candidates: list[Way], xla: Way | None, choice: Executi
             return math.inf
 
     def one_round(index: int) -> None:
+        # The same steps for every way: the largest count traced (1 where
+        # only XLA at 1 was, for a long step).
+        steps = max(_way_of(label).steps_per_execution for label in functions)
         order = list(functions.items())
         order = order[index % len(order):] + order[:index % len(order)]
         for label, (function, iterator) in order:
@@ -473,9 +481,11 @@ def measure(model, data, candidates: list[Way], xla: Way | None, choice: Executi
         step_s = trace(base)
         fit_s = (fit_steps or 0) * step_s
         if xla is not None and not choice.allow_xla and fit_steps is not None:
-            compile_s = XLA_TRACES * first_s[base.label]
-            if compile_s > choice.xla_hint * fit_s:
-                notes.append(f"XLA not measured (allow_xla is off, and its compile, about {compile_s:.1f} s, "
+            # Its compile and its rounds (of the largest count's steps, or of one for a long step).
+            round_steps = 1 if step_s >= LONG_STEP_S else xla.steps_per_execution
+            cost_s = XLA_TRACES * first_s[base.label] + choice.rounds * round_steps * step_s
+            if cost_s > choice.xla_hint * fit_s:
+                notes.append(f"XLA not measured (allow_xla is off, and measuring it, about {cost_s:.1f} s, "
                              f"would be more than {choice.xla_hint:.0%} of this fit)")
                 xla = None
         rounds_done = 0
@@ -487,7 +497,7 @@ def measure(model, data, candidates: list[Way], xla: Way | None, choice: Executi
                 one_round(0)
                 rounds_done = 1
                 verdict, why = _weigh(choice, fit_steps, times[base.label][0], times[largest.label][0],
-                                      first_s[base.label], candidates, xla, steps)
+                                      first_s[base.label], candidates, xla, largest.steps_per_execution)
                 if verdict == "keep":
                     raise OverBudget(why)
                 if verdict == "take":
