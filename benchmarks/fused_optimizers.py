@@ -29,6 +29,7 @@ momentum: the largest update of each).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import concurrent.futures
 import datetime
 import os
@@ -147,7 +148,7 @@ def run_fit(way: str, label: str) -> dict:
     y = rng.integers(0, 10, 32 * FIT_STEPS)
     keras.utils.set_random_seed(0)
     strategy = tf_glp.Strategy(plan_path=None) if way == "tf_glp" else None
-    with strategy.scope() if strategy else _nothing():
+    with strategy.scope() if strategy else contextlib.nullcontext():
         model = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(4096, activation="relu"),
                                   keras.layers.Dense(4096, activation="relu"), keras.layers.Dense(10)])
         model.compile(optimizer=getattr(keras.optimizers, class_name)(1e-3, **settings),
@@ -158,14 +159,6 @@ def run_fit(way: str, label: str) -> dict:
         result["explain"] = next((line.strip() for line in strategy.explain().splitlines()
                                   if "optimizer step" in line), "")
     return result
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *args):
-        return False
 
 
 def _ms(values: list[float]) -> str:

@@ -23,6 +23,7 @@ on 8x8x1 (20,000 samples, batch 64, 5 epochs) and the wide MLP 1024 -> 4096
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
@@ -70,7 +71,7 @@ def run_fit(name: str, way: str, plan_path: str) -> dict:
     y = rng.integers(0, 10, samples)
     keras.utils.set_random_seed(0)
     strategy = tf_glp.Strategy(plan_path=plan_path) if way.startswith("tf_glp") else None
-    with strategy.scope() if strategy else _Nothing():
+    with strategy.scope() if strategy else contextlib.nullcontext():
         model = _model(keras, name)
         knob = {"steps_per_execution": 16} if way == "plain spe=16" else {}  # (else as the user compiles)
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
@@ -80,14 +81,6 @@ def run_fit(name: str, way: str, plan_path: str) -> dict:
     if strategy is not None:
         result["explain"] = strategy.explain()
     return result
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *args):
-        return False
 
 
 def rows(results: dict) -> list[str]:
