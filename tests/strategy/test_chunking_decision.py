@@ -22,7 +22,7 @@ def _decide(monkeypatch, step_ms, rates, first_step_ms=500.0, timed_steps=3, ste
     """Runs the decision over scripted step times (ms per chunk count)."""
     strategy = tf_glp.Strategy(cpu_replicas=2, update="host")
     monkeypatch.setattr(strategy, "uses_gpus", lambda: True)
-    monkeypatch.setattr(strategy, "host_rates", lambda optimizer=None: rates)
+    monkeypatch.setattr(strategy, "_host_rates", lambda optimizer=None: rates)
     with strategy.scope():
         model = keras.Sequential([keras.Input((256,))] + [keras.layers.Dense(256) for _ in range(8)])  # 16 variables
     clock = FakeClock()

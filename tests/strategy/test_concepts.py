@@ -13,7 +13,7 @@ import tensorflow as tf
 import tf_glp
 from tf_glp._keras import patches
 from tf_glp._keras.patches import StrategyHooks
-from tf_glp.strategy import Strategy, compression, concept_model, concepts, devices, update_choice
+from tf_glp.strategy import Strategy, compression, concept_model, concepts, devices
 
 DEVICES = ["/cpu:0", "/cpu:1"]
 
@@ -25,7 +25,6 @@ def test_every_concept_says_what_it_is_and_what_it_moves():
         traffic = concept.traffic(gpus=4, parameters=1000, state_bytes_per_parameter=24)
         assert all(value >= 0 for value in vars(traffic).values())
     assert concepts.SETTINGS == ("host", "replicas", "auto")  # all-reduce: only through "auto"
-    assert update_choice.CANDIDATES == tuple(concepts.CONCEPTS) and update_choice.DEFAULT == concepts.DEFAULT.name
     assert list(concept_model.CONCEPTS) == [*concepts.CONCEPTS, "one GPU"]
     with pytest.raises(ValueError, match="unknown update concept 'ring'; known: 'host', 'replicas', 'all-reduce'"):
         concepts.get("ring")

@@ -15,7 +15,10 @@ import tf_glp
 from tf_glp.strategy import execution_choice
 from tf_glp.tuning import store
 
-BATCH, SAMPLES, EPOCHS = 64, 640, 3  # 10 steps per epoch: with 4 per call, 4 + 4 + 2
+# 10 steps per epoch: the counts are 1 and 4, and Keras calls fit's function
+# every 4 steps (4 + 4 + 2). The counts' measurement (rounds=2) takes 6 calls of
+# 4 steps, two per epoch: the fourth epoch runs the winner.
+BATCH, SAMPLES, EPOCHS, STRIDE = 64, 640, 4, 4
 
 
 def _clock(ms: dict[str, float], calls: list | None = None):
@@ -27,7 +30,7 @@ def _clock(ms: dict[str, float], calls: list | None = None):
         label = clock.choice.current
         if calls is not None:
             calls.append(label)
-        now[0] += ms[label] * 16 / 1e3  # (a round's steps: the same for every way)
+        now[0] += ms[label] * STRIDE / 1e3  # (a call's steps: the same for every way)
         return now[0]
 
     return clock
@@ -35,9 +38,10 @@ def _clock(ms: dict[str, float], calls: list | None = None):
 
 def _strategy(ms=None, calls=None, devices=None, **settings):
     strategy = tf_glp.Strategy(devices, plan_path=settings.pop("plan_path", None), **settings)
-    choice = strategy._execution  # noqa: SLF001 (the tests inject the clock and the thresholds)
+    choice = strategy._choices["execution"]  # noqa: SLF001 (the tests inject the clock and the thresholds)
     # Every way measured in every round (the rules that stop early have tests of their own).
     choice.min_fit_steps, choice.budget, choice.probe_win, choice.xla_hint = 0, float("inf"), float("inf"), float("inf")
+    choice.rounds = 2
     if ms is not None:
         choice.clock = _clock(ms, calls)
         choice.clock.choice = choice
@@ -147,7 +151,14 @@ def test_a_callback_with_batch_hooks_keeps_one_step_per_call_and_is_named():
     assert counter.batches == EPOCHS * SAMPLES // BATCH  # every step, as the user wrote it
     explain = strategy.explain()
     assert "steps_per_execution kept at 1: CountBatches has batch-level hooks" in explain, explain
-    assert "(4 measured 3.00x faster)" in explain, explain
+    assert "(not measured)" in explain, explain  # (measuring on the fit's steps would call them less often)
+    _fit(model)  # measured: 4
+    counter = CountBatches()
+    _fit(model, [counter], epochs=1)
+    assert counter.batches == SAMPLES // BATCH
+    explain = strategy.explain()
+    assert "kept at 1: CountBatches has batch-level hooks, which Keras would call every 4 steps (4 measured 3.00x " \
+           "faster)" in explain, explain
 
 
 def test_an_explicit_setting_is_kept():
@@ -208,13 +219,13 @@ def test_the_plan_file_is_reused_and_keeps_the_other_sections(tmp_path, capsys):
 def test_a_short_fit_is_not_measured():
     never = []
     strategy = tf_glp.Strategy(plan_path=None)
-    strategy._execution.clock = _clock({}, never)  # noqa: SLF001
+    strategy._choices["execution"].clock = _clock({}, never)  # noqa: SLF001
     with strategy.scope():
         model = _model()
     _fit(model)
     assert never == []
     assert f"fewer than {execution_choice.MIN_FIT_STEPS}" in strategy.explain()
-    choice = strategy._execution  # noqa: SLF001
+    choice = strategy._choices["execution"]  # noqa: SLF001
     choice.min_fit_steps, choice.budget, choice.clock = 0, float("inf"), _clock(FAST_4)  # a long fit next
     choice.probe_win = choice.xla_hint = float("inf")
     choice.clock.choice = choice
@@ -233,29 +244,48 @@ def test_callbacks_that_mind_the_steps_per_call():
 
 
 def test_the_first_round_weighs_the_rest():
-    """Note [Weighing the measurement]: after one round of the way as compiled
-    (1) and the largest count (16), the rest is measured only where it costs
-    less than what 16 was seen to save over the fit; a clear win is taken."""
+    """Note [Counts on the real steps]: after one round of count 1 and the
+    largest (16), the rest is measured only where it costs less than what 16
+    was seen to save over the rest of the fit; a clear win is taken."""
     weigh = execution_choice._weigh  # noqa: SLF001
-    choice = tf_glp.Strategy(plan_path=None)._execution  # noqa: SLF001
-    ways, xla = [execution_choice.Way(k) for k in (1, 4, 16)], execution_choice.Way(16, True)
-    # 16 saves 0.2 ms per step. The rest: a 0.4 s trace (4), 3 for XLA, and 4 more rounds of
-    # 4 ways x 16 steps x 1 ms: 1.6 + 0.256 = 1.86 s, against 0.2 ms x the fit's steps.
-    assert weigh(choice, 20_000, 1.0, 0.8, 0.4, ways, xla, 16)[0] == "measure"  # saves 4 s
-    verdict, why = weigh(choice, 5_000, 1.0, 0.8, 0.4, ways, xla, 16)  # saves 1 s
-    assert verdict == "keep" and "about 1.9 s, more than the about 1.0 s that 16 steps per call" in why, why
-    assert weigh(choice, 5_000, 1.0, 0.8, 0.4, ways, None, 16)[0] == "measure"  # 0.4 + 0.192 s without XLA
-    verdict, why = weigh(choice, 5_000, 1.0, 1.1, 0.4, ways, xla, 16)
+    choice = tf_glp.Strategy(plan_path=None)._choices["execution"]  # noqa: SLF001
+    counts = [1, 4, 16]
+    # 16 saves 0.2 ms per step. The rest: a 0.4 s trace (4), and 4 more rounds in which
+    # 1 and 4 run 16 steps each, at most 0.2 ms per step slower: 0.4 + 0.0256 s.
+    assert weigh(choice, 20_000, 20_000, 1.0, 0.8, 0.4, counts)[0] == "measure"  # saves 4 s
+    verdict, why = weigh(choice, 20_000, 1_000, 1.0, 0.8, 0.4, counts)  # 0.2 s left to save
+    assert verdict == "keep" and "about 0.4 s, more than the about 0.2 s that 16 steps per call" in why, why
+    assert weigh(choice, 20_000, 1_000, 1.0, 0.8, 0.4, [1, 16])[0] == "measure"  # no other trace
+    verdict, why = weigh(choice, 5_000, 5_000, 1.0, 1.1, 0.4, counts)
     assert verdict == "keep" and "not faster than 1 in a first round (1.10 against 1.00 ms" in why, why
-    verdict, why = weigh(choice, 600, 3.0, 1.0, 0.4, ways, xla, 16)  # a short fit, a clear win
+    verdict, why = weigh(choice, 600, 600, 3.0, 1.0, 0.4, counts)  # a short fit, a clear win
     assert verdict == "take" and why.startswith("3.00x faster than 1 in a first round, at least 1.5x"), why
-    assert weigh(choice, None, 1.0, 0.8, 0.4, ways, xla, 16)[0] == "measure"  # (no length: no budget)
+
+
+def test_the_count_is_switched_within_the_first_epoch_and_trains_bitwise_like_the_count_written_by_hand():
+    """One epoch of 160 steps: 1 and 16 are traced and timed, then 4, then a
+    round of all three (9 calls of 16 steps); the last call runs 16."""
+    calls = []
+    strategy = _strategy({"1": 3.0, "4": 2.0, "16": 1.0}, calls)
+    strategy._choices["execution"].xla_hint = 0.0  # noqa: SLF001 (XLA not measured: its rounds would read the clock too)
+    with strategy.scope():
+        model = _model()
+    rng = np.random.default_rng(1)
+    x, y = rng.random((160 * BATCH, 12), dtype=np.float32), rng.integers(0, 3, 160 * BATCH)
+    history = model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False)
+    assert [label for label in calls[::2] if label] == ["1", "16", "4", "4", "16", "1"], calls
+    assert "steps_per_execution=16, no XLA: 3.00x faster than 1" in strategy.explain(), strategy.explain()
+    by_hand = _model(steps_per_execution=16)
+    assert history.history == by_hand.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False).history
+    for mine, theirs in zip(model.variables + model.optimizer.variables,
+                            by_hand.variables + by_hand.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), err_msg=mine.path)
 
 
 def test_a_kept_way_is_remembered_for_fits_as_long_and_a_longer_fit_measures_again(tmp_path):
     plan = str(tmp_path / "plan.json")
     first = _strategy(FAST_4, plan_path=plan)
-    first._execution.budget = 0.0  # noqa: SLF001 (the rest always costs more than it saves)
+    first._choices["execution"].budget = 0.0  # noqa: SLF001 (the rest always costs more than it saves)
     with first.scope():
         model = _model()
     _fit(model)
@@ -277,7 +307,7 @@ def test_a_kept_way_is_remembered_for_fits_as_long_and_a_longer_fit_measures_aga
 def test_a_clear_first_round_is_taken_and_xla_without_consent_only_where_its_compile_is_small():
     calls = []
     strategy = _strategy({"1": 3.0, "4": 1.0, "XLA 4": 0.5}, calls)
-    choice = strategy._execution  # noqa: SLF001
+    choice = strategy._choices["execution"]  # noqa: SLF001
     choice.probe_win, choice.xla_hint = execution_choice.PROBE_WIN, 0.0  # (any compile is too long here)
     with strategy.scope():
         model = _model()

@@ -75,7 +75,7 @@ def test_the_fused_update_adds_the_micro_batches_in_its_own_pass_bitwise_as_in_o
     one_pass, _ = _train(2, "host")
     assert seen and set(seen) == {M}
     seen.clear()
-    monkeypatch.setattr(HostStrategy, "takes_gradients_unsummed", lambda *a: False)
+    monkeypatch.setattr(HostStrategy, "_takes_gradients_unsummed", lambda *a: False)
     separate, _ = _train(2, "host")
     assert seen and set(seen) == {1}
     for (path, a), (_, b) in zip(_state(one_pass), _state(separate), strict=True):

@@ -34,7 +34,7 @@ def _data():
 def _fake_clock(ms_per_step: dict[str, float], calls: list | None = None):
     """A clock under which a step of each candidate takes the given time:
     the measurement reads it at the start and the end of every round, with
-    the candidate timed set as the strategy's concept (`clock.strategy`)."""
+    what is being timed (`clock.strategy.update_choice.current`)."""
     state = {"now": 0.0}
 
     def clock():
@@ -43,7 +43,7 @@ def _fake_clock(ms_per_step: dict[str, float], calls: list | None = None):
         if calls is not None:
             calls.append(1)
         now = state["now"]
-        state["now"] += ms_per_step[clock.strategy.concept] / 1e3
+        state["now"] += ms_per_step[clock.strategy.update_choice.current] / 1e3
         return now
 
     return clock
@@ -72,28 +72,34 @@ def _state(model):
     return [(v.path, v.numpy()) for v in model.variables + model.optimizer.variables]
 
 
+def _names(times: dict) -> dict:
+    """update_choice's times, keyed by the concepts' names."""
+    return {getattr(who, "name", who): ms for who, ms in times.items()}
+
+
 def test_choose_keeps_host_unless_another_is_faster_beyond_the_spread():
     host = [10.0, 10.5, 11.0, 10.2, 10.8]
-    assert update_choice.choose({"host": host, "replicas": [9.8, 10.1, 10.4, 9.9, 10.3]})[0] == "host"
-    concept, why = update_choice.choose({"host": host, "replicas": [8.0, 8.2, 8.1, 7.9, 8.3],
-                                         "all-reduce": [6.0, 6.5, 6.1, 6.2, 6.4]})
-    assert concept == "all-reduce" and "faster than 'host', beyond the spread" in why
+    HOST, REPLICAS, ALL_REDUCE = concepts.HOST, concepts.REPLICAS, concepts.ALL_REDUCE  # noqa: N806
+    assert update_choice.choose({HOST: host, REPLICAS: [9.8, 10.1, 10.4, 9.9, 10.3]})[0] is HOST
+    concept, why = update_choice.choose({HOST: host, REPLICAS: [8.0, 8.2, 8.1, 7.9, 8.3],
+                                         ALL_REDUCE: [6.0, 6.5, 6.1, 6.2, 6.4]})
+    assert concept is ALL_REDUCE and "faster than 'host', beyond the spread" in why
     # Faster by the median but inside host's spread: host stays.
-    assert update_choice.choose({"host": [5.0, 10.0, 15.0, 20.0], "replicas": [6.0, 7.0, 8.0, 16.0]})[0] == "host"
+    assert update_choice.choose({HOST: [5.0, 10.0, 15.0, 20.0], REPLICAS: [6.0, 7.0, 8.0, 16.0]})[0] is HOST
 
 
 @pytest.mark.parametrize("fastest", ["host", "replicas", "all-reduce"])
 def test_the_measured_choice_trains_bitwise_like_that_concept(fastest, exact_arithmetic, tmp_path):
-    times = {name: (1.0 if name == fastest else 3.0) for name in update_choice.CANDIDATES}
+    times = {name: (1.0 if name == fastest else 3.0) for name in concepts.CONCEPTS}
     strategy = _strategy(clock=_fake_clock(times), plan_path=str(tmp_path / "plan.json"))
     assert isinstance(strategy, AutoStrategy) and strategy.concept == "host"
     model, history = _train(strategy, epochs=1)
     assert strategy.concept == fastest and strategy.update_choice.source == "measured"
     assert f"update='auto' -> {fastest!r}" in strategy.explain()
-    rounds = {name: len(ms) for name, ms in strategy.update_choice.times_ms.items()}
+    rounds = {name: len(ms) for name, ms in _names(strategy.update_choice.times_ms).items()}
     # A candidate 3x slower than host is dropped after 3 rounds; 3x faster ones are not.
     assert rounds == ({"host": 7, "replicas": 3, "all-reduce": 3} if fastest == "host" else
-                      dict.fromkeys(update_choice.CANDIDATES, 7))
+                      dict.fromkeys(concepts.CONCEPTS, 7))
     # The optimizer's state lives where the concept puts it.
     kind = type(model.optimizer.variables[-1].value).__name__
     assert kind == ("ResourceVariable" if fastest == "host" else "MirroredVariable"), kind
@@ -232,7 +238,7 @@ def test_a_candidate_that_fails_is_left_out_and_named(when, monkeypatch, tmp_pat
     monkeypatch.setattr(replicas, "sum_gradients", sum_gradients)
     strategy = _strategy(clock=_fake_clock({"host": 3.0, "replicas": 0.5, "all-reduce": 1.0}), plan_path=None)
     model, history = _train(strategy, epochs=1)
-    assert strategy.concept == "all-reduce" and set(strategy.update_choice.times_ms) == {"host", "all-reduce"}, (
+    assert strategy.concept == "all-reduce" and set(_names(strategy.update_choice.times_ms)) == {"host", "all-reduce"}, (
         strategy.explain())
     error = {"traced": "ResourceExhaustedError: OOM when allocating tensor",
              "timed": "InvalidArgumentError: assertion failed: [OOM in a timed round]"}[when]

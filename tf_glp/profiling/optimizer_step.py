@@ -30,6 +30,7 @@ import tensorflow as tf
 from tf_glp._keras import compat, patches
 from tf_glp.ops import supports_fused_update
 from tf_glp.ops.keras_fused import fused_update_step
+from tf_glp.tuning import rule
 
 # The timed step updates at most this many parameters: the cost per
 # parameter is what decides, and a copy of a huge model's state would cost
@@ -37,9 +38,6 @@ from tf_glp.ops.keras_fused import fused_update_step
 # parameters with two Adam moments are 24 MB, beyond the caches, so the
 # timed update streams from memory as the real one does.
 MAX_TIMED_PARAMETERS = 2_000_000
-# The fused update is chosen when its median is at least this much faster
-# and the two interquartile ranges do not overlap.
-MIN_GAIN = 1.05
 
 
 def eligible(model: keras.Model, one_device_strategy=None) -> tuple[bool, str]:
@@ -127,33 +125,17 @@ def time_updates(optimizer, variables, trials: int = 5) -> tuple[list[float], li
     return times["native"], times["fused"]
 
 
-def _quartiles(times: list[float]) -> tuple[float, float, float]:
-    if len(times) < 2:
-        return times[0], times[0], times[0]
-    low, median, high = statistics.quantiles(times, n=4)
-    return low, statistics.median(times), high
-
-
-def beats(baseline: list[float], candidate: list[float]) -> tuple[bool, float]:
-    """Whether the `candidate` times beat the `baseline` times beyond the
-    spread (median at least MIN_GAIN times faster, interquartile ranges
-    apart), and the gain (baseline median over candidate median). Also
-    update="auto"'s rule (tf_glp/strategy/update_choice.py)."""
-    base_low, base_median, _ = _quartiles(baseline)
-    _, median, high = _quartiles(candidate)
-    gain = base_median / median if median > 0 else 1.0
-    return gain >= MIN_GAIN and high < base_low, gain
-
-
 def choose(native: list[float], fused: list[float]) -> tuple[str, str]:
-    """("fused" | "native", why): fused when it `beats` Keras' update."""
-    wins, gain = beats(native, fused)
+    """("fused" | "native", why): fused where it beats Keras' update (the
+    kit's rule, OPTIMIZER_STEP_GAIN)."""
+    needed = rule.OPTIMIZER_STEP_GAIN
+    wins, gain = rule.beats(native, fused, needed)
     if wins:
         return "fused", f"{gain:.2f}x faster than Keras' update"
-    if gain >= MIN_GAIN:  # fast enough by the medians, but the timings overlap
+    if gain >= needed:  # fast enough by the medians, but the timings overlap
         return "native", (f"the fused update measured {gain:.2f}x by the medians, but its timings overlap "
-                          f"Keras' (it needs {MIN_GAIN}x with the interquartile ranges apart)")
-    return "native", f"the fused update measured {gain:.2f}x (needs {MIN_GAIN}x, beyond the spread)"
+                          f"Keras' (it needs {needed}x with the interquartile ranges apart)")
+    return "native", f"the fused update measured {gain:.2f}x (needs {needed}x, beyond the spread)"
 
 
 def record(optimizer, native: list[float], fused: list[float], variables) -> dict:

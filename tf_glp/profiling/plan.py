@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
-import tempfile
+
+from tf_glp.tuning import store
 
 SCHEMA = 1
 
@@ -150,25 +150,7 @@ def read(path: str) -> Plan:
 
 def write(plan: Plan, path: str) -> None:
     """Writes atomically: a reader sees the old plan or the new one, never half."""
-    write_json(path, plan.to_json())
-
-
-def write_json(path: str, data) -> None:
-    """Writes `data` as JSON to `path` atomically (a reader sees the old
-    file or the new one, never half)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=".glp_plan.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(handle, "w") as f:
-            json.dump(data, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    store.write_json(path, plan.to_json())
 
 
 def table(plan: Plan) -> str:

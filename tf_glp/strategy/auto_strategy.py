@@ -21,9 +21,9 @@ class AutoStrategy(Strategy, tf.distribute.MirroredStrategy, placement=ONE_MACHI
 
     def _init_distribution(self) -> None:
         devices = self._set_up()
-        self.update_choice = update_choice.UpdateChoice()
+        self.update_choice = update_choice.UpdateChoice(self)
         if self.micro_batches:
-            self.update_choice.decide(concepts.DEFAULT.name, "micro_batches: the concept whose micro-batched "
+            self.update_choice.decide(concepts.DEFAULT, "micro_batches: the concept whose micro-batched "
                                                              "result is kept bitwise (not measured)")
         tf.distribute.Strategy.__init__(self, HostMirroredExtended(
             self, devices, self._host_ops, HOST_DEVICE, on_host=lambda: self.update_concept.steps_on_host))
@@ -31,20 +31,16 @@ class AutoStrategy(Strategy, tf.distribute.MirroredStrategy, placement=ONE_MACHI
     @property
     def update_concept(self) -> concepts.UpdateConcept:
         """The concept chosen (or, until the choice, the default)."""
-        return concepts.get(self.update_choice.concept)
+        return self.update_choice.concept
 
     @property
     def concept(self) -> str:
         """The name of the concept in use, or, while update="auto" measures,
         of the candidate being timed (an injected clock reads it)."""
-        return self.update_choice.concept
+        return self.update_choice.concept.name
 
-    def _prepare_concept(self, model, arguments: dict, batch: int | None):
-        choice = self.update_choice
-        if choice.decided or model.optimizer is None:
-            return None
-        update_choice.decide(self, model, arguments, batch)
-        return update_choice.AnnounceChoice(choice) if arguments.get("verbose", "auto") != 0 else None
+    def _own_choices(self) -> dict:
+        return {"concept": self.update_choice}
 
     def explain(self) -> str:
         """Strategy.explain(), with the update choice and its times."""

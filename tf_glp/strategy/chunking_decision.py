@@ -43,6 +43,21 @@ def decide_without_measuring(strategy) -> bool:
     return False
 
 
+class ChunkingChoice:
+    """chunking="auto" as a start-up choice (tf_glp/tuning): decided
+    without measuring where it can be, else by ChunkingDecision on the
+    first fit's steps."""
+
+    def __init__(self, strategy):
+        self._strategy = strategy
+
+    def prepare(self, model, arguments: dict, batch: int | None, callbacks: list) -> list:
+        del model, arguments, batch
+        if decide_without_measuring(self._strategy) or any(isinstance(c, ChunkingDecision) for c in callbacks):
+            return []
+        return [ChunkingDecision(self._strategy)]
+
+
 class ChunkingDecision(keras.callbacks.Callback):
     """Decides chunking="auto" during the first steps of the first fit (see
     the module docstring). Added to fit() by tf_glp.Strategy when needed.
@@ -83,7 +98,7 @@ class ChunkingDecision(keras.callbacks.Callback):
             return
         sizes = [int(v.shape.num_elements() or 0) for v in self.model.trainable_variables]
         workload = cost_model.gradient_workload(sizes, self.strategy.num_replicas_in_sync)
-        rates = self.strategy.host_rates(getattr(self.model, "optimizer", None))
+        rates = self.strategy._host_rates(getattr(self.model, "optimizer", None))
         self._chunking.start(workload, rates)
         self._chunking.use(1)
         self._chunking.record(Trial(1, cost_model.predict(workload, rates, 1)))

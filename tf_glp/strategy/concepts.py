@@ -87,7 +87,7 @@ class UpdateConcept:
 
     def sum_gradients(self, strategy, grads: list, loss_scaled: bool) -> list:
         """The replicas' gradients summed, in the step's merge: on the host."""
-        return strategy.sum_on_host(grads, loss_scaled)
+        return strategy._sum_on_host(grads, loss_scaled)
 
     def optimizer_step(self, strategy, optimizer, variables):
         """Context in which Keras' own apply runs the step (on the replicas)."""
@@ -146,7 +146,7 @@ class AllReduceConcept(UpdateConcept):
         distributed = [i for i, g in enumerate(grads) if isinstance(g, tf.distribute.DistributedValues)]
         if not distributed:
             return grads
-        summed = strategy.tf_all_reduce.batch_reduce(
+        summed = strategy._tf_all_reduce.batch_reduce(
             tf.distribute.ReduceOp.SUM, [(grads[i], grads[i]) for i in distributed])
         for i, total in zip(distributed, summed):
             grads[i] = total

@@ -1,67 +1,50 @@
 """How a tf_glp.Strategy runs fit's steps: how many per call (Keras'
 `steps_per_execution`) and, on one device and only with the user's consent
-(`allow_xla=True`), whether XLA compiles them: chosen at the start of the
-first fit by timing each way on the user's model and first batch.
+(`allow_xla=True`), whether XLA compiles them.
 
 Why: a small model's step is mostly the fixed cost of dispatching it (1-2
 ms on this project's 2-core machine on one device, more with replicas:
-docs/performance.md). Running several steps per call removes that cost and
-trains exactly the same weights; Keras 3 does not choose it by itself. XLA
+docs/performance.md). Several steps per call remove that cost and train
+exactly the same weights; Keras 3 does not choose the count by itself. XLA
 (Keras: `jit_compile`, off by default without GPUs) can be much faster or
 much slower (on this project's CPU 2.2x faster on a wide MLP, 4x slower on
-MobileNetV2: benchmarks/RESULTS.md); it rounds differently,
-so it is measured and named, and used only where the user allows it. (With
-replicas XLA is refused: tf_glp's host ops run outside it, no_xla.py.)
+MobileNetV2: benchmarks/RESULTS.md); it rounds differently, so it is
+measured and named, and used only where the user allows it. (With replicas
+XLA is refused: tf_glp's host ops run outside it, no_xla.py.)
 
-The candidates: `steps_per_execution` 1, 4 and 16 (at most the epoch's
-steps: Keras runs at most one epoch per call), and on one device XLA
-(Keras' own optimizer update: tf_glp's fused ops cannot run inside XLA) at
-the largest. A first call of each traces it (XLA compiles it there); then
-interleaved rounds of the same number of steps per candidate, timed as in
-update_choice.py; a candidate wins with optimizer_step.beats' rule
-(beyond the spread and at least 1.05x). The way as compiled and the
-largest count go first, and the rest is measured only where it can pay
-for itself (Note [Weighing the measurement]). Where one step at 1 takes
-LONG_STEP_S or more, dispatch cannot be 1.05x of it: only XLA is measured
-then. XLA is measured only with the user's consent (allow_xla=True), or
-where its compile is at most XLA_HINT of the fit (for explain()'s hint).
-The times are of fit's train function alone, so they overstate the gain
-in fit, whose own work per call and per epoch stays.
+The counts (1, 4 and 16, at most the epoch's steps) are measured on the
+user's own training steps (Note [Counts on the real steps]): the fit
+advances while they are timed, so the measurement costs only the extra
+traces, and the winner runs from the call after it is known. XLA changes
+the numbers, so it is timed on a scratch copy before fit (every variable
+put back), against the largest count, and only with the user's consent or
+where its compile and rounds cost at most XLA_HINT of the fit (then only
+named in explain()). A way wins with the kit's rule (tuning/rule.py,
+COUNT_GAIN).
 
 What is kept as the user wrote it (not measured):
 - an explicit `steps_per_execution` (XLA is still measured, at it) or
   `jit_compile` (the count is still measured) in compile;
-- a fit with a callback that has batch-level hooks (other than Keras'
-  Progbar and History, checkpoints saved per epoch and tf_glp's own
-  decisions): with N steps per call Keras calls those hooks every N steps.
-  The ways are still measured, and explain() names the callback and the
-  speed it keeps on the table;
-- a fit shorter than MIN_FIT_STEPS, or one for which the rest of the
-  measurement would cost more than the first round shows it saving (Note
-  [Weighing the measurement]); a fit of unknown length (an input of
-  unknown cardinality without steps_per_epoch) is not measured either. A
-  later, longer fit of the same model measures then. A measurement is
-  paid once: the next run reuses the plan store's entry;
-- inputs that cannot be read twice (update_choice.first_batch), training
-  across workers and micro_batches (not measured yet).
+- the count in a fit with a callback that has batch-level hooks (other
+  than Keras' Progbar and History, checkpoints saved per epoch and
+  tf_glp's own): with N steps per call Keras calls those hooks every N
+  steps. explain() names the callback (and a stored count's gain);
+- a fit shorter than MIN_FIT_STEPS, or of unknown length (an input of
+  unknown cardinality without steps_per_epoch); a later, longer fit of
+  the same model measures then;
+- training across workers and micro_batches (not measured yet).
 
-The ways are set for fit only: at the start of each fit the chosen
-`steps_per_execution` and `jit_compile` are set on the model with their
-train and test functions (traced once, kept for the next fit); when fit
-ends the user's values and functions are back, so evaluate() and predict()
-run as compiled. Weights, metrics, history and checkpoints are those of the
-same fit with the value written in compile (tests/strategy/
-test_execution_choice.py). The measurement leaves every model and optimizer
-variable (each replica's copy) as it found it.
-
-The choice goes to the plan store's "executions" section (tf_glp/tuning/
-store.py), reused by the next run with the same key.
+The ways are set for fit only: when fit ends the user's values and
+functions are back, so evaluate() and predict() run as compiled. Weights,
+metrics, history and checkpoints are those of the same fit with the count
+written in compile (tests/strategy/test_execution_choice.py). The choice
+goes to the plan store's "executions" section (tf_glp/tuning/store.py):
+the next run reuses it and measures nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 import time
 import warnings
@@ -72,28 +55,26 @@ import tensorflow as tf
 
 from tf_glp._keras import compat
 from tf_glp.profiling import optimizer_step
-from tf_glp.strategy import fit_setup, update_choice
-from tf_glp.tuning import store
+from tf_glp.tuning import rounds as rounds_lib, rule, store
 
 SPE_CANDIDATES = (1, 4, 16)
 ROUNDS = 5
-# Candidates clearly slower than steps_per_execution=1 after this many
-# rounds (fastest round over DROP_RATIO times 1's slowest) are dropped.
+# Counts clearly slower than 1 after this many rounds (fastest round over
+# DROP_RATIO times 1's slowest) are not run again.
 DROP_AFTER = 2
 DROP_RATIO = 1.5
 MIN_FIT_STEPS = 500
-# Note [Weighing the measurement]: the rest may cost at most BUDGET times what
-# the first round shows the largest count saving; a count PROBE_WIN or more
-# faster in that round is taken at once.
+# Note [Counts on the real steps]: the rest of the measurement may cost at
+# most BUDGET times what the first round shows the largest count saving; a
+# count PROBE_WIN or more faster in that round is taken at once.
 BUDGET = 1.0
 PROBE_WIN = 1.5
 # Without the user's consent XLA is measured (for explain()'s hint) only where
-# its compile costs at most this part of the fit's time as compiled.
+# its compile and rounds cost at most this part of the fit's time.
 XLA_HINT = 0.02
 XLA_TRACES = 3  # XLA's compile, in traces of the step (about 3x on this machine's models)
 # A step of at least this long has no dispatch cost worth removing.
 LONG_STEP_S = 0.04
-SECTION = store.EXECUTIONS
 WHO = "tf_glp.Strategy (steps per execution)"
 # Callbacks whose batch hooks do the same with N steps per call: Progbar
 # draws every call, History keeps epochs; checkpoints saved per epoch
@@ -104,7 +85,7 @@ BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_tra
                "on_test_batch_begin", "on_test_batch_end")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Way:
     """How fit runs its steps."""
 
@@ -126,17 +107,16 @@ class ModelExecution:
 
     compiled: Way | None  # read from the model at its first fit
     explicit: tuple[str, ...] = ()  # the compile arguments the user gave ("steps_per_execution", "jit_compile")
-    measured: bool = False
-    best: Way | None = None  # the fastest way without XLA (None: not decided yet; see `final`)
-    xla_gain: float | None = None  # XLA's gain over best (measured), None where not measured
+    best: Way | None = None  # the fastest way without XLA
     xla_wins: bool = False
-    xla_steps: int = 1  # the steps per execution XLA was measured at
+    xla_steps: int = 1  # the count XLA was measured at
     reason: str = "decided at the start of the first fit"
     times_ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     source: str = ""
     final: bool = False  # decided for good (else the next fit may measure: this one was too short, say)
     over_budget_at: int = 0  # the longest fit found too short for the budget (a longer one tries again)
-    functions: dict = dataclasses.field(default_factory=dict)  # (spe, xla) -> (train, test function)
+    functions: dict = dataclasses.field(default_factory=dict)  # Way -> (train, test function)
+    key: dict | None = None  # the plan store's key of this model's entry
 
 
 def batch_hook_callbacks(callbacks) -> list[str]:
@@ -159,12 +139,14 @@ class ExecutionChoice:
     Args:
         strategy: The tf_glp.Strategy (its settings: allow_xla, plan_path;
             XLA only on one device).
+        before_measuring: Called with the model before anything is traced
+            (one device: the optimizer step's choice). Defaults to `None`.
         clock: Seconds as a float (tests inject one; `current` names the
             way being timed). Defaults to `time.perf_counter`.
     """
 
-    def __init__(self, strategy, clock=time.perf_counter):
-        self._strategy = strategy
+    def __init__(self, strategy, before_measuring=None, clock=time.perf_counter):
+        self._strategy, self._before_measuring = strategy, before_measuring
         self.allow_xla = strategy.settings.allow_xla and strategy._is_one_device
         self.plan_path = store.resolve(strategy.settings.plan_path)
         self.clock = clock
@@ -182,161 +164,136 @@ class ExecutionChoice:
         self._models[model] = ModelExecution(
             None, tuple(name for name in ("steps_per_execution", "jit_compile") if name in arguments))
 
-    def prepare(self, model, arguments: dict, batch: int | None, callbacks: list,
-                before_measuring=None) -> list[keras.callbacks.Callback]:
+    def prepare(self, model, arguments: dict, batch: int | None, callbacks: list) -> list:
         """At the start of fit (fit_setup.py): decides the ways for `model`
-        (once), sets the one this fit may use, and returns the callbacks to
-        add (the one that puts the user's way back when fit ends, and the
-        announcement)."""
+        (the counts, on this fit's steps), sets the one this fit uses, and
+        returns the callbacks to add."""
         state = self._models.get(model)
         if state is None:  # compiled before the strategy's patches saw it: its values count as given
             state = ModelExecution(Way.of(model), ("steps_per_execution", "jit_compile"))
             self._models[model] = state
         if state.compiled is None:
             state.compiled = Way.of(model)
-        announce = False
-        if not state.final:
-            self._decide(state, model, arguments, batch, before_measuring)
-            announce = state.source == "measured"
-        way, why = self._way_for_this_fit(state, callbacks)
-        self._last = (state, way, why)
-        added = []
-        current = Way.of(model)  # (the compiled way, or the chosen one after a fit that raised)
-        if way != current:
-            _switch(model, state, current, way)
-        if way != state.compiled:
-            added.append(PutBackExecution(state, way, state.compiled))
-        if announce and arguments.get("verbose", "auto") != 0:
-            added.append(update_choice.AnnounceChoice(self))
+        counts = self._decide(state, model, arguments, batch, callbacks) if not state.final else []
+        if counts:
+            rounds = CountRounds(self, state, counts, rounds_lib.fit_steps(arguments, batch),
+                                 rounds_lib.epoch_steps(arguments, batch), arguments.get("verbose", "auto") != 0)
+            self._last = (state, Way(counts[-1]), "")
+            model.steps_per_execution = counts[-1]  # (Keras' epoch loop calls fit's function every counts[-1] steps)
+            added = [rounds]
+        else:
+            way, why = self._way_for_this_fit(state, callbacks)
+            self._last = (state, way, why)
+            added = [PutBack(state, way)] if way != state.compiled else []
+            _switch(model, state, Way.of(model), way)  # (the chosen way after a fit that raised: as compiled)
+        if not counts and state.source == "measured" and arguments.get("verbose", "auto") != 0:
+            added.append(rounds_lib.Announce(self))
         return added
 
     def _way_for_this_fit(self, state: ModelExecution, callbacks: list) -> tuple[Way, str]:
-        best = state.best
-        if self.allow_xla and state.xla_wins:
-            best = Way(state.xla_steps, True)  # (as measured)
-        if best.steps_per_execution != state.compiled.steps_per_execution:
-            hooked = batch_hook_callbacks(callbacks)
-            if hooked:
-                spe = state.compiled.steps_per_execution
-                kept = Way(spe, best.xla and f"XLA {spe}" in state.times_ms)  # (XLA only where measured)
-                return kept, (f"steps_per_execution kept at {kept.steps_per_execution}: "
-                              f"{', '.join(hooked)} has batch-level hooks, which Keras would call every "
-                              f"{best.steps_per_execution} steps{self._left_on_table(state, kept, best)}")
-        return best, ""
-
-    @staticmethod
-    def _left_on_table(state: ModelExecution, kept: Way, best: Way) -> str:
+        best = Way(state.xla_steps, True) if self.allow_xla and state.xla_wins else state.best
+        spe = state.compiled.steps_per_execution
+        hooked = batch_hook_callbacks(callbacks)
+        if best.steps_per_execution == spe or not hooked:
+            return best, ""
+        kept = Way(spe, best.xla and f"XLA {spe}" in state.times_ms)  # (XLA only where measured)
+        gain = ""
         if kept.label in state.times_ms and best.label in state.times_ms:
-            gain = statistics.median(state.times_ms[kept.label]) / statistics.median(state.times_ms[best.label])
-            return f" ({best.steps_per_execution} measured {gain:.2f}x faster)"
-        return ""
+            ratio = statistics.median(state.times_ms[kept.label]) / statistics.median(state.times_ms[best.label])
+            gain = f" ({best.steps_per_execution} measured {ratio:.2f}x faster)"
+        return kept, (f"steps_per_execution kept at {spe}: {', '.join(hooked)} has batch-level hooks, which Keras "
+                      f"would call every {best.steps_per_execution} steps{gain}")
 
     # -- the decision -------------------------------------------------------
-    def _decide(self, state: ModelExecution, model, arguments: dict, batch: int | None, before_measuring) -> None:
+    def _decide(self, state: ModelExecution, model, arguments: dict, batch: int | None, callbacks: list) -> list[int]:
+        """Decides what can be before fit; returns the counts to measure on
+        this fit's steps ([] for none)."""
         compiled, strategy = state.compiled, self._strategy
         state.best, state.final = compiled, True
         if compat.in_multi_worker_mode(strategy) or strategy.micro_batches:
             state.reason = ("across workers" if compat.in_multi_worker_mode(strategy) else "with micro_batches")
             state.reason += " fit runs as compiled (not measured)"
-            return
-        spes = ([compiled.steps_per_execution] if "steps_per_execution" in state.explicit
-                else _capped(SPE_CANDIDATES, _epoch_steps(arguments, batch)))
+            return []
+        epoch_steps = rounds_lib.epoch_steps(arguments, batch)
+        counts = ([compiled.steps_per_execution] if "steps_per_execution" in state.explicit
+                  else _capped(SPE_CANDIDATES, epoch_steps))
         # (With replicas XLA is refused: no_xla.py.)
         measure_xla = strategy._is_one_device and "jit_compile" not in state.explicit and not compiled.xla
-        if len(spes) == 1 and not measure_xla:
+        if len(counts) == 1 and not measure_xla:
             state.reason = "steps_per_execution and jit_compile as given in compile (not measured)"
-            return
-        fit_steps = _fit_steps(arguments, batch)
+            return []
+        fit_steps = rounds_lib.fit_steps(arguments, batch)
         state.final = False  # (below: not measured for this fit only, or measured)
         if fit_steps is None:
             state.reason = ("the fit's length is not known before training (an input of unknown cardinality; "
                             "steps_per_epoch makes it known): its measurement could not be weighed (not measured)")
-            return
+            return []
         if fit_steps <= state.over_budget_at:
-            return  # (the reason stays: a fit this short was over the budget)
+            return []  # (the reason stays: a fit this short was over the budget)
         if fit_steps < self.min_fit_steps:
             state.reason = (f"this fit runs {fit_steps} steps, fewer than {self.min_fit_steps}: measuring would "
                             f"cost a large part of it (not measured)")
-            return
+            return []
         if model.optimizer is None:
             state.reason = "the model is not compiled with an optimizer (not measured)"
-            return
-        batch_values, why = update_choice.first_batch(arguments, batch)
-        if batch_values is None:
-            state.reason = f"{why} (not measured)"
-            return
-        data = update_choice._packed(batch_values)  # noqa: SLF001 (this package's own helper)
-        _build(model, data)
-        candidates = [Way(spe, compiled.xla) for spe in spes]
-        xla = Way(max(spes), True) if measure_xla else None
+            return []
         path = self.plan_path
-        key = _plan_key(model, strategy, batch, [w.label for w in candidates + ([xla] if xla else [])]) if path else None
-        stored = store.read_plan(path, key, SECTION, _valid_entry, WHO) if path else None
+        state.key = _plan_key(model, strategy, batch, counts, measure_xla) if path else None
+        stored = store.read_plan(path, state.key, store.EXECUTIONS, _valid_entry, WHO) if path else None
         # (A way kept for a fit of some length: a longer fit may measure.)
         if stored is not None and fit_steps <= stored.get("kept_for_fit_steps", fit_steps):
-            self._take(state, stored, source=f"reused {path}")
-            state.final = "kept_for_fit_steps" not in stored
+            state.best = Way(int(stored["steps_per_execution"]), compiled.xla)
+            state.xla_wins, state.xla_steps = bool(stored.get("xla_wins")), int(stored.get("xla_steps") or 1)
+            state.reason, state.times_ms = stored["reason"], stored.get("times_ms") or {}
+            state.source, state.final = f"reused {path}", "kept_for_fit_steps" not in stored
             state.over_budget_at = stored.get("kept_for_fit_steps", 0)
-            return
-        if before_measuring is not None:
-            before_measuring(model)
-        start = time.perf_counter()
-        try:
-            times, failed, first_s, notes, taken = measure(model, data, candidates, xla, self, fit_steps)
-        except OverBudget as over:
-            state.reason, state.over_budget_at = f"{over} (not measured further)", fit_steps
-            if path:  # the next run of this fit (or a shorter one) need not trace it again
-                store.write_entry(path, key, {"steps_per_execution": compiled.steps_per_execution,
-                                              "reason": state.reason, "kept_for_fit_steps": fit_steps},
-                                  SECTION, _valid_entry, WHO)
-            return
-        self._conclude(state, times, failed, first_s, time.perf_counter() - start, notes, taken)
-        state.final = True
-        if path:
-            store.write_entry(path, key, {
-                "steps_per_execution": state.best.steps_per_execution, "xla_gain": state.xla_gain,
-                "xla_wins": state.xla_wins, "xla_steps": state.xla_steps, "reason": state.reason,
-                "times_ms": state.times_ms}, SECTION, _valid_entry, WHO)
+            return []
+        notes = []
+        if measure_xla:
+            notes.append(self._measure_xla(state, model, arguments, batch, counts[-1], fit_steps))
+            if state.xla_wins and self.allow_xla:
+                state.best, state.final, state.source = Way(counts[-1]), True, "measured"
+                state.reason = "; ".join(notes)
+                self._store(state, {})
+                return []
+        hooked = batch_hook_callbacks(callbacks)
+        if len(counts) > 1 and hooked:
+            notes.insert(0, f"steps_per_execution kept at {compiled.steps_per_execution}: {', '.join(hooked)} has "
+                            f"batch-level hooks, which Keras would call once per call of several steps (not measured)")
+        state.reason = "; ".join(notes)
+        if len(counts) == 1 and state.times_ms:  # (XLA measured at the user's count: decided)
+            state.final, state.source = True, "measured"
+            self._store(state, {})
+        return [] if len(counts) == 1 or hooked else counts
 
-    def _conclude(self, state: ModelExecution, times: dict, failed: dict, first_s: dict, took_s: float,
-                  notes: list[str], taken: Way | None) -> None:
-        state.measured, state.source, state.times_ms = True, "measured", times
-        base = state.compiled
-        best, best_gain = base, 1.0
-        for label, ms in times.items():
-            way = _way_of(label)
-            if way.xla or label == base.label or taken is not None:
-                continue
-            wins, gain = optimizer_step.beats(times[base.label], ms)
-            if wins and gain > best_gain:
-                best, best_gain = way, gain
-        state.best = taken or best
-        spes = [label for label in times if not _way_of(label).xla]
-        if taken is not None:
-            reason = notes.pop(0)
-        elif best != base:
-            reason = f"{best_gain:.2f}x faster than {base.steps_per_execution}, beyond the spread"
-        elif len(spes) > 1:
-            reason = "no other count faster beyond the spread"
-        else:
-            reason = f"a step takes {statistics.median(times[base.label]):.0f} ms: dispatch is too small a part of it"
-        xla = next((label for label in times if _way_of(label).xla), None)
-        if xla is not None:
-            wins, gain = optimizer_step.beats(times[state.best.label], times[xla])
-            state.xla_gain, state.xla_wins, state.xla_steps = gain, wins, _way_of(xla).steps_per_execution
-            reason += (f"; XLA at {_way_of(xla).steps_per_execution}: {gain:.2f}x "
-                       f"{'faster, beyond the spread' if wins else '(not faster beyond the spread)'}, "
-                       f"its compile {first_s[xla]:.1f} s")
-        for label, error in failed.items():
-            reason += f"; {label} failed and was left out ({error})"
-        state.reason = "; ".join([reason, *notes]) + f"; measured in {took_s:.1f} s"
+    def _measure_xla(self, state: ModelExecution, model, arguments: dict, batch: int | None, count: int,
+                     fit_steps: int) -> str:
+        """Times XLA at `count` against the count without it, on a scratch
+        copy (the first batch, every variable put back); returns the note."""
+        data, why = rounds_lib.first_batch(arguments, batch)
+        if data is None:
+            return f"XLA not measured: {why}"
+        if not compat.nothing_to_build(model):
+            with model.distribute_strategy.scope():
+                compat.symbolic_build(model, data)
+        if self._before_measuring is not None:
+            self._before_measuring(model)
+        base, xla = Way(count), Way(count, True)
+        times, first_s, error = xla_rounds(model, data, base, xla, self, fit_steps)
+        if error:
+            return error
+        state.times_ms.update(times)
+        wins, gain = rule.beats(times[base.label], times[xla.label], rule.COUNT_GAIN)
+        state.xla_wins, state.xla_steps = wins, count
+        return (f"XLA at {count}: {gain:.2f}x {'faster, beyond the spread' if wins else '(not faster beyond the spread)'}"
+                f", its compile {first_s:.1f} s")
 
-    def _take(self, state: ModelExecution, stored: dict, source: str) -> None:
-        state.best = Way(int(stored["steps_per_execution"]), state.compiled.xla)
-        state.xla_gain, state.xla_wins = stored.get("xla_gain"), bool(stored.get("xla_wins"))
-        state.xla_steps = int(stored.get("xla_steps") or 1)
-        state.reason, state.times_ms, state.source = stored["reason"], stored.get("times_ms") or {}, source
-        state.measured = True
+    def _store(self, state: ModelExecution, extra: dict) -> None:
+        if self.plan_path:
+            store.write_entry(self.plan_path, state.key, {
+                "steps_per_execution": state.best.steps_per_execution, "xla_wins": state.xla_wins,
+                "xla_steps": state.xla_steps, "reason": state.reason, "times_ms": state.times_ms, **extra},
+                store.EXECUTIONS, _valid_entry, WHO)
 
     # -- what the user reads ------------------------------------------------
     @property
@@ -347,12 +304,14 @@ class ExecutionChoice:
     def line(self) -> str:
         """The execution line of explain() and of fit's announcement."""
         if self._last is None:
-            return ("execution: decided at the start of the first fit (steps_per_execution measured; XLA "
-                    "measured, used only with allow_xla=True)")
+            return ("execution: decided at the start of the first fit (steps_per_execution measured on its "
+                    "steps; XLA measured, used only with allow_xla=True)")
         state, way, why = self._last
+        if not why and not state.reason:
+            return f"execution: steps_per_execution measured on the first steps of the fit (at most {way.label})"
         parts = [f"execution: steps_per_execution={way.steps_per_execution}, "
                  f"{'XLA (with Keras optimizer update)' if way.xla else 'no XLA'}: {why or state.reason}"]
-        if why:
+        if why and state.reason:
             parts.append(state.reason)
         if state.xla_wins and not way.xla:
             parts.append("XLA rounds differently: pass tf_glp.Strategy(allow_xla=True) to use it")
@@ -369,204 +328,98 @@ def _valid_entry(entry: dict) -> bool:
     return isinstance(spe, int) and spe >= 1 and isinstance(entry.get("reason"), str)
 
 
-def _plan_key(model, strategy, batch: int | None, candidates: list[str]) -> dict:
+def _plan_key(model, strategy, batch: int | None, counts: list[int], xla: bool) -> dict:
     """What the measurement depends on (not allow_xla: consent only decides
     whether a measured XLA win is taken)."""
-    return {"schema": update_choice.SCHEMA, **store.machine(),
-            "devices": list(strategy.extended.worker_devices), "global_batch": batch, "candidates": candidates,
-            "update": strategy.concept,
-            "optimizer": type(model.optimizer).__name__,
-            "trainable": [[list(v.shape), str(v.dtype)] for v in model.trainable_variables]}
-
-
-def _way_of(label: str) -> Way:
-    xla = label.startswith("XLA ")
-    return Way(int(label.split()[-1]), xla)
+    return store.model_key(model, devices=list(strategy.extended.worker_devices), global_batch=batch,
+                           candidates=counts, xla=xla, update=strategy.update_concept.name)
 
 
 def _capped(candidates, epoch_steps: int | None) -> list[int]:
     """The candidates Keras would run whole: at most one epoch per call."""
     if epoch_steps is None:
         return list(candidates)
-    kept = [c for c in candidates if c <= epoch_steps]
-    return kept or [1]
+    return [c for c in candidates if c <= epoch_steps] or [1]
 
 
-def _epoch_steps(arguments: dict, batch: int | None) -> int | None:
-    """fit's steps per epoch where known before training."""
-    if arguments.get("steps_per_epoch"):
-        return int(arguments["steps_per_epoch"])
-    x = arguments.get("x")
-    if isinstance(x, tf.data.Dataset):
-        cardinality = int(x.cardinality())
-        return cardinality if cardinality >= 0 else None
-    samples = fit_setup.training_samples(arguments)
-    return max(1, math.ceil(samples / batch)) if batch and samples is not None else None
+def _switch(model, state: ModelExecution, old: Way, new: Way) -> None:
+    """Sets `new` on the model with its step functions (made by Keras when
+    missing), keeping `old`'s for the way back."""
+    if old == new:
+        return
+    state.functions[old] = (model.train_function, model.test_function)
+    model.steps_per_execution = new.steps_per_execution
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (Keras warns where a layer does not support XLA: checked when measured)
+        model.jit_compile = new.xla
+    if new.xla:
+        optimizer_step.use_fused_update(model.optimizer, False)  # (fused ops cannot run in XLA)
+    model.train_function, model.test_function = state.functions.pop(new, (None, None))
 
 
-def _fit_steps(arguments: dict, batch: int | None) -> int | None:
-    """The steps of the whole fit where known (None: an input of unknown length)."""
-    steps = _epoch_steps(arguments, batch)
-    if steps is None:
-        return None
-    return steps * max(0, int(arguments.get("epochs", 1)) - int(arguments.get("initial_epoch", 0)))
+class PutBack(keras.callbacks.Callback):
+    """Puts the user's steps_per_execution and jit_compile back when fit
+    ends (evaluate and predict then run as compiled)."""
+
+    def __init__(self, state: ModelExecution, used: Way):
+        super().__init__()
+        self._state, self._used = state, used
+
+    def on_train_end(self, logs=None):
+        _switch(self.model, self._state, self._used, self._state.compiled)
 
 
-def _build(model, data) -> None:
-    """Builds the model, its metrics and optimizer as fit would."""
-    if not compat.nothing_to_build(model):
-        with model.distribute_strategy.scope():
-            compat.symbolic_build(model, data)
-
-
-# -- the measurement ---------------------------------------------------------
-class OverBudget(Exception):
-    """The rest of the measurement would cost more than it can save."""
-
-
-def measure(model, data, candidates: list[Way], xla: Way | None, choice: ExecutionChoice,
-            fit_steps: int | None = None):
-    """Times each way on `data` (one batch, repeated) in interleaved rounds
-    of the same steps; returns ({label: [ms per step per round]}, {label:
-    error} for a way left out, {label: seconds of its first call}, [notes on
-    what was not measured and why], the count taken after the first round
-    or None).
-
-    The way as compiled and the largest count are traced and timed first, in
-    one round (Note [Weighing the measurement]); the rest only where it can
-    pay for itself. Raises OverBudget where nothing more is measured and the
-    way as compiled stays. Every model and optimizer variable ends as it
-    started, the metrics reset."""
-    optimizer, strategy = model.optimizer, model.distribute_strategy
+# -- XLA, on a scratch copy ---------------------------------------------------
+def xla_rounds(model, data, base: Way, xla: Way, choice: ExecutionChoice, fit_steps: int):
+    """Times `base` and `xla` on `data` (one batch, repeated) in interleaved
+    rounds of the same steps; returns ({label: [ms per step per round]},
+    XLA's first call in seconds, "") or ({}, 0, why not). XLA without the
+    user's consent only where its compile and rounds cost at most
+    choice.xla_hint of the fit. Every model and optimizer variable ends as
+    it started (each replica's copy), the metrics reset; the base's traced
+    function is kept for the fit."""
+    optimizer, strategy, state = model.optimizer, model.distribute_strategy, choice._models[model]
     compiled, fused = Way.of(model), optimizer_step.uses_fused_update(optimizer)
-    restore = update_choice.variables_kept(strategy, [*model.variables, *optimizer.variables])
+    restore = rounds_lib.variables_kept(strategy, [*model.variables, *optimizer.variables])
     dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(data).repeat())
-    functions, failed, first_s, notes, taken = {}, {}, {}, [], None
-    times: dict[str, list[float]] = {}
-
-    def trace(way: Way) -> float:
-        """Traces `way` (XLA: compiles); returns one step's seconds from a
-        second call. A way other than the user's that fails is left out."""
-        try:
-            start = time.perf_counter()
-            function, iterator = _traced(model, way, fused, dataset)
-            first_s[way.label] = time.perf_counter() - start
-            update_choice._sync(function(iterator))  # noqa: SLF001 (a second call: the step's time)
-            step_s = (time.perf_counter() - start - first_s[way.label]) / way.steps_per_execution
-            functions[way.label] = (function, iterator)
-            times[way.label] = []
-            return step_s
-        except Exception as error:  # noqa: BLE001 (a way that cannot run here, e.g. an op XLA lacks)
-            if way == candidates[0]:
-                raise  # the user's own way: its error is the user's
-            failed[way.label] = f"{type(error).__name__}: {update_choice._gist(error)[:200]}"  # noqa: SLF001
-            return math.inf
-
-    def one_round(index: int) -> None:
-        # The same steps for every way: the largest count traced (1 where
-        # only XLA at 1 was, for a long step).
-        steps = max(_way_of(label).steps_per_execution for label in functions)
-        order = list(functions.items())
-        order = order[index % len(order):] + order[:index % len(order)]
-        for label, (function, iterator) in order:
-            choice.current = label
-            start = choice.clock()
-            for _ in range(steps // _way_of(label).steps_per_execution):
-                result = function(iterator)
-            update_choice._sync(result)  # noqa: SLF001
-            times[label].append(1e3 * (choice.clock() - start) / steps)
-
+    functions, first_s = {}, {}
     try:
-        base = candidates[0]
-        step_s = trace(base)
-        fit_s = (fit_steps or 0) * step_s
-        if xla is not None and not choice.allow_xla and fit_steps is not None:
-            # Its compile and its rounds (of the largest count's steps, or of one for a long step).
-            round_steps = 1 if step_s >= LONG_STEP_S else xla.steps_per_execution
-            cost_s = XLA_TRACES * first_s[base.label] + choice.rounds * round_steps * step_s
-            if cost_s > choice.xla_hint * fit_s:
-                notes.append(f"XLA not measured (allow_xla is off, and measuring it, about {cost_s:.1f} s, "
-                             f"would be more than {choice.xla_hint:.0%} of this fit)")
-                xla = None
-        rounds_done = 0
-        if step_s < LONG_STEP_S and len(candidates) > 1:
-            largest = candidates[-1]
-            trace(largest)
-            verdict = "measure"
-            if largest.label in functions:
-                one_round(0)
-                rounds_done = 1
-                verdict, why = _weigh(choice, fit_steps, times[base.label][0], times[largest.label][0],
-                                      first_s[base.label], candidates, xla, largest.steps_per_execution)
-                if verdict == "keep":
-                    raise OverBudget(why)
-                if verdict == "take":
-                    taken = largest
-                    notes.insert(0, why)  # (the reason of the choice, first)
-                    if xla is None:
-                        return times, failed, first_s, notes, taken
-            if verdict == "measure":
-                for way in candidates[1:-1]:
-                    trace(way)
-        if xla is not None:
-            trace(xla if step_s < LONG_STEP_S else Way(base.steps_per_execution, True))
-        if len(functions) < 2:  # (one count or a long step, and XLA not measured or failed)
-            first = (f"a step takes {1e3 * step_s:.0f} ms: dispatch is too small a part of it"
-                     if len(candidates) > 1 else "steps_per_execution as given in compile")
-            raise OverBudget("; ".join([first, *notes,
-                                        *(f"{label} failed ({error})" for label, error in failed.items())]))
-        for index in range(rounds_done, choice.rounds):
-            if index == DROP_AFTER:
-                slowest = max(times[base.label])
-                for label in [n for n in functions if n != base.label]:
-                    if min(times[label]) > DROP_RATIO * slowest:
-                        del functions[label]
-            if len(functions) > 1:
-                one_round(index)
-        return {label: ms for label, ms in times.items() if ms}, failed, first_s, notes, taken
+        for way in (base, xla):
+            start = time.perf_counter()
+            try:
+                function, iterator = _traced(model, way, fused, dataset)
+            except Exception as error:  # noqa: BLE001 (an op XLA lacks, say; the base's error is the user's)
+                if way == base:
+                    raise
+                return {}, 0.0, f"XLA failed and was left out ({rounds_lib.gist(error)})"
+            first_s[way] = time.perf_counter() - start
+            functions[way] = (function, iterator)
+            if way == base:  # a second call: the step's time, to weigh XLA's compile
+                start = time.perf_counter()
+                rounds_lib.sync(function(iterator))
+                step_s = (time.perf_counter() - start) / base.steps_per_execution
+                cost_s = XLA_TRACES * first_s[base] + choice.rounds * 2 * base.steps_per_execution * step_s
+                if not choice.allow_xla and cost_s > choice.xla_hint * fit_steps * step_s:
+                    return {}, 0.0, (f"XLA not measured (allow_xla is off, and measuring it, about {cost_s:.1f} s, "
+                                     f"would be more than {choice.xla_hint:.0%} of this fit)")
+        times = {way.label: [] for way in functions}
+        for index in range(choice.rounds):
+            for way in ((base, xla) if index % 2 == 0 else (xla, base)):
+                function, iterator = functions[way]
+                choice.current = way.label
+                start = choice.clock()
+                rounds_lib.sync(function(iterator))
+                times[way.label].append(1e3 * (choice.clock() - start) / way.steps_per_execution)
+        return times, first_s[xla], ""
     finally:
         choice.current = ""
         model.steps_per_execution, model.jit_compile = compiled.steps_per_execution, compiled.xla
         optimizer_step.use_fused_update(optimizer, fused)
+        if base in functions:
+            state.functions[base] = (functions[base][0], None)
         model.train_function = None
         restore()
         model.reset_metrics()
-
-
-# Note [Weighing the measurement]
-# Several steps per call change no number, so measuring them costs only
-# time: the traces of each count and the rounds. The way as compiled (which
-# fit traces anyway) and the largest count are traced and timed first, in
-# one round of the same steps; what that round shows the largest count
-# saving over the whole fit is weighed against what the rest would cost
-# (the other counts' traces, XLA's compile where it is measured, the other
-# rounds). Where the rest costs more than choice.budget times that saving,
-# or where the largest count is choice.probe_win or more faster already (the rounds
-# cannot change that choice, only confirm it), the measurement stops there:
-# the way as compiled stays (OverBudget), a clear win is taken. So a long fit
-# of a small model is measured and a fit whose steps are long is not, and a
-# short fit pays two traces at most (none below MIN_FIT_STEPS).
-def _weigh(choice: ExecutionChoice, fit_steps: int | None, base_ms: float, largest_ms: float, trace_s: float,
-           candidates: list[Way], xla: Way | None, steps: int) -> tuple[str, str]:
-    """After the first round (see the note above): ("measure", ""), ("keep",
-    why: the way as compiled stays) or ("take", why: the largest count)."""
-    if fit_steps is None:
-        return "measure", ""
-    saving_s = fit_steps * (base_ms - largest_ms) / 1e3
-    largest, base = candidates[-1].steps_per_execution, candidates[0].steps_per_execution
-    if saving_s <= 0:
-        return "keep", (f"{largest} steps per call were not faster than {base} in a first round "
-                        f"({largest_ms:.2f} against {base_ms:.2f} ms per step)")
-    if base_ms >= choice.probe_win * largest_ms:
-        return "take", (f"{base_ms / largest_ms:.2f}x faster than {base} in a first round, at least "
-                        f"{choice.probe_win}x: taken without more rounds")
-    ways = len(candidates) + (1 if xla else 0)
-    rest_s = trace_s * (len(candidates) - 2 + (XLA_TRACES if xla else 0))
-    rest_s += (choice.rounds - 1) * ways * steps * base_ms / 1e3
-    if rest_s > choice.budget * saving_s:
-        return "keep", (f"measuring further would take about {rest_s:.1f} s, more than the about {saving_s:.1f} s "
-                        f"that {largest} steps per call were seen to save over this fit ({fit_steps} steps)")
-    return "measure", ""
 
 
 def _traced(model, way: Way, fused: bool, dataset) -> tuple:
@@ -581,32 +434,189 @@ def _traced(model, way: Way, fused: bool, dataset) -> tuple:
     optimizer_step.use_fused_update(model.optimizer, fused and not way.xla)  # (fused ops cannot run in XLA)
     model.make_train_function(force=True)
     function, iterator = model.train_function, iter(dataset)
-    update_choice._sync(function(iterator))  # noqa: SLF001
+    rounds_lib.sync(function(iterator))
     return function, iterator
 
 
-# -- fit's side --------------------------------------------------------------
-def _switch(model, state: ModelExecution, old: Way, new: Way) -> None:
-    """Sets `new` on the model with its step functions (made by Keras when
-    missing), keeping `old`'s for the way back."""
-    state.functions[(old.steps_per_execution, old.xla)] = (model.train_function, model.test_function)
-    model.steps_per_execution = new.steps_per_execution
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.jit_compile = new.xla
-    if new.xla:
-        optimizer_step.use_fused_update(model.optimizer, False)  # (fused ops cannot run in XLA)
-    model.train_function, model.test_function = state.functions.pop(
-        (new.steps_per_execution, new.xla), (None, None))
+# -- the counts, on the real steps --------------------------------------------
+# Note [Counts on the real steps]
+# Several steps per call change no number, so the counts are measured on the
+# fit's own steps. Keras' epoch loop is set to call fit's train function
+# every `largest` steps (the largest count); that function is CountRounds,
+# which runs each call's steps with one count's function (`largest / c`
+# calls of count c's; the epoch's last, shorter call with count 1's), so
+# every call advances the fit by the same steps whichever count runs it.
+# First count 1 (which fit traces anyway) and the largest are traced and
+# timed, one call each; a step of LONG_STEP_S or more keeps 1 there (no
+# dispatch worth removing, and no trace of the largest). What that round
+# shows the largest count saving over the rest of the fit is weighed
+# against what the rest of the measurement costs (the other counts' traces,
+# and the steps the slower counts run in the rounds): where it costs more
+# than choice.budget times the saving, 1 stays; where the largest is
+# choice.probe_win or more faster, it is taken at once; else the other
+# counts are traced and all run interleaved rounds, the winner taken with
+# the kit's rule. From the next call on, the winner runs the steps; when
+# fit ends the functions are kept for the next fit, which calls the winner
+# directly. So a long fit of a small model is always measured, at the cost
+# of two or three traces, and the weights are those of count 1 (the
+# tests train it bitwise like the count written by hand).
+def _weigh(choice: ExecutionChoice, fit_steps: int, rest_steps: int, one_ms: float, largest_ms: float,
+           trace_s: float, counts: list[int]) -> tuple[str, str]:
+    """After count 1's and the largest's first round (see the note above):
+    ("measure", ""), ("keep", why: 1 stays) or ("take", why: the largest)."""
+    largest = counts[-1]
+    saving_s = max(0, rest_steps) * (one_ms - largest_ms) / 1e3
+    if saving_s <= 0:
+        return "keep", (f"{largest} steps per call were not faster than 1 in a first round "
+                        f"({largest_ms:.2f} against {one_ms:.2f} ms per step)")
+    if one_ms >= choice.probe_win * largest_ms:
+        return "take", (f"{one_ms / largest_ms:.2f}x faster than 1 in a first round, at least "
+                        f"{choice.probe_win}x: taken without more rounds")
+    # The other counts' traces, and the rounds' steps run slower than the largest would.
+    rest_s = trace_s * (len(counts) - 2) + (choice.rounds - 1) * (len(counts) - 1) * largest * (one_ms - largest_ms) / 1e3
+    if rest_s > choice.budget * saving_s:
+        return "keep", (f"measuring further would take about {rest_s:.1f} s, more than the about {saving_s:.1f} s "
+                        f"that {largest} steps per call were seen to save over this fit ({fit_steps} steps)")
+    return "measure", ""
 
 
-class PutBackExecution(keras.callbacks.Callback):
-    """Puts the user's steps_per_execution and jit_compile back when fit
-    ends (evaluate and predict then run as compiled)."""
+class CountRounds(keras.callbacks.Callback):
+    """fit's train function while the counts are measured on its own steps
+    (see the note above), and the callback that sets it up and puts the
+    user's way back."""
 
-    def __init__(self, state: ModelExecution, used: Way, compiled: Way):
+    def __init__(self, choice: ExecutionChoice, state: ModelExecution, counts: list[int], fit_steps: int,
+                 epoch_steps: int | None, announce: bool = True):
         super().__init__()
-        self._state, self._used, self._compiled = state, used, compiled
+        self._choice, self._state, self._counts, self._announce = choice, state, counts, announce
+        self._largest, self._fit_steps, self._epoch_steps = counts[-1], fit_steps, epoch_steps
+        self._functions: dict[int, object] = {}
+        self._times: dict[int, list[float]] = {c: [] for c in counts}
+        self._first_s: dict[int, float] = {}
+        self._queue = [1, 1]  # (count 1's first call traces it, the second times it)
+        self._stage, self._winner, self._done, self._steps = "one", None, 0, 0
+
+    def on_train_begin(self, logs=None):
+        model, state = self.model, self._state
+        if self._choice._before_measuring is not None:  # (the optimizer step is read where the functions trace)
+            self._choice._before_measuring(model)
+        self._user_test = model.test_function
+        for count in self._counts:  # made, not traced: each traces at its first call, with its count set
+            known = model.train_function if count == 1 else state.functions.pop(self._way(count), (None, None))[0]
+            if known is None:
+                model.steps_per_execution = count
+                model.make_train_function(force=True)
+            self._functions[count] = known or model.train_function
+        model.steps_per_execution, model.train_function, model.test_function = self._largest, self, None
+
+    def _way(self, count: int) -> Way:
+        return Way(count, self._state.compiled.xla)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._done = 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._announce and self._winner is not None:
+            print(f"tf_glp.Strategy: {self._choice.line()}", flush=True)
+            self._announce = False
+
+    def __call__(self, iterator):
+        steps = self._largest
+        if self._epoch_steps:
+            steps = min(steps, self._epoch_steps - self._done)
+        self._done += steps
+        self._steps += steps
+        if self._winner is not None or steps < self._largest or not self._queue:
+            return self._run(self._winner or self._counts[0], steps, iterator)
+        count = self._queue.pop(0)
+        first = count not in self._first_s
+        self._choice.current = str(count)
+        start = self._choice.clock() if not first else time.perf_counter()
+        logs = self._run(count, steps, iterator)
+        rounds_lib.sync(logs)
+        if first:
+            self._first_s[count] = time.perf_counter() - start
+        else:
+            self._times[count].append(1e3 * (self._choice.clock() - start) / steps)
+        self._choice.current = ""
+        if not self._queue:
+            self._next_stage()
+        return logs
+
+    def _run(self, count: int, steps: int, iterator):
+        """Runs `steps` steps with count's function (the rest with count 1's)."""
+        logs, model = None, self.model
+        try:
+            for function, calls, c in ((self._functions[count], steps // count, count),
+                                       (self._functions[self._counts[0]], steps % count, self._counts[0])):
+                model.steps_per_execution = c  # (read where the function traces, at its first call)
+                for _ in range(calls):
+                    logs = function(iterator)
+        except (StopIteration, tf.errors.OutOfRangeError):  # the input ended: what ran is this call's (Keras' own multi-step call does so)
+            if logs is None:
+                raise
+        finally:
+            model.steps_per_execution = self._largest
+        return logs
+
+    def _next_stage(self) -> None:
+        one, largest, choice = self._counts[0], self._largest, self._choice
+        if self._stage == "one":
+            step_ms = self._times[one][0]
+            if step_ms >= 1e3 * LONG_STEP_S:
+                return self._decide(one, f"a step takes {step_ms:.0f} ms: dispatch is too small a part of it")
+            self._stage, self._queue = "probe", [largest, largest]
+            return None
+        if self._stage == "probe":
+            trace_s = max(0.0, self._first_s[largest] - largest * self._times[largest][0] / 1e3)
+            verdict, why = _weigh(choice, self._fit_steps, self._fit_steps - self._steps, self._times[one][0],
+                                  self._times[largest][0], trace_s, self._counts)
+            if verdict != "measure":
+                return self._decide(largest if verdict == "take" else one, why, kept=verdict == "keep")
+            self._stage = "rounds"
+            self._queue = [c for c in self._counts[1:-1] for _ in range(2)]  # (their traces, and a first round)
+            if self._queue:
+                return None
+        rounds_done = min(len(self._times[c]) for c in self._live())
+        if rounds_done >= choice.rounds:
+            best, gain = rule.best_of({str(c): ms for c, ms in self._times.items()}, str(one), rule.COUNT_GAIN)
+            return self._decide(int(best), f"{gain:.2f}x faster than {one}, beyond the spread" if best != str(one)
+                                else "no other count faster beyond the spread")
+        live = self._live(drop=rounds_done == DROP_AFTER)
+        self._queue = live[rounds_done % len(live):] + live[:rounds_done % len(live)]
+        return None
+
+    def _live(self, drop: bool = False) -> list[int]:
+        """The counts still timed: after DROP_AFTER rounds, not those clearly slower than 1."""
+        one = self._counts[0]
+        slowest = max(self._times[one])
+        if drop:
+            for count in self._counts[1:]:
+                if count in self._times and self._times[count] and min(self._times[count]) > DROP_RATIO * slowest:
+                    del self._times[count]
+        return [c for c in self._counts if c in self._times and c in self._first_s]
+
+    def _decide(self, count: int, why: str, kept: bool = False) -> None:
+        """Runs `count` from the next call on, and keeps the choice."""
+        choice, state = self._choice, self._state
+        self._winner, self._queue, self._stage = count, [], "done"
+        state.best, state.source, state.final = self._way(count), "measured", not kept
+        state.times_ms.update({str(c): ms for c, ms in self._times.items() if ms})
+        state.reason = "; ".join([why, *([state.reason] if state.reason else []),
+                                  f"measured on this fit's steps, {sum(self._first_s.values()):.1f} s of traces"])
+        if kept:
+            state.over_budget_at = self._fit_steps
+        choice._store(state, {"kept_for_fit_steps": self._fit_steps} if kept else {})
+        choice._last = (state, self._way(count), "")
 
     def on_train_end(self, logs=None):
-        _switch(self.model, self._state, self._used, self._compiled)
+        model, state = self.model, self._state
+        if self._winner is None:  # fit ended before the rounds did: 1 stays, the next fit measures again
+            state.best, state.reason = state.compiled, "fit ended before the counts were measured (not measured)"
+            self._choice._last = (state, state.compiled, "")
+        for count, function in self._functions.items():
+            state.functions[self._way(count)] = (function, None)
+        state.functions[self._way(self._largest)] = (self._functions[self._largest], model.test_function)
+        del state.functions[state.compiled]
+        model.train_function, model.test_function = self._functions[1], self._user_test
+        model.steps_per_execution = 1

@@ -3,28 +3,37 @@ fit patch in tf_glp/_keras/patches.py through Strategy._prepare_fit).
 
 - A global batch that does not divide by the replica count (or, with
   micro_batches, by M) is refused: replicas would get unequal shares and
-  Keras would weight samples unequally.
-- chunking="auto" is decided (chunking_decision.py); across workers, every
-  worker must use the same global batch.
+  Keras would weight samples unequally. Across workers, every worker must
+  use the same global batch.
 - A plain keras.callbacks.BackupAndRestore becomes tf_glp's (chief-only
   writes across workers, batch-level resume;
   tf_glp/callbacks/backup_and_restore.py).
-- On one device, the optimizer step's decision (one_device_strategy.py).
-- The steps per execution (and on one device, with allow_xla=True, XLA):
-  measured before fit builds its step (execution_choice.py).
-- update="auto" decides its concept, before fit builds anything
-  (update_choice.py).
+- The start-up choices run, in order (startup_choices; the interface:
+  tf_glp/tuning/__init__.py).
 """
 
 from __future__ import annotations
 
-import math
 
 import keras
 import tensorflow as tf
 
 from tf_glp._keras import compat
-from tf_glp.strategy import chunking_decision, micro_batches
+from tf_glp.strategy import chunking_decision, execution_choice, micro_batches
+from tf_glp.tuning import rounds
+
+
+def startup_choices(strategy) -> dict:
+    """`strategy`'s start-up choices by what they choose, in the order fit
+    runs them: update="auto"'s concept (its strategy's own), the steps per
+    execution (on one device with the optimizer step decided first: the
+    counts' functions read it where they trace), chunking, and on one device
+    the optimizer step."""
+    own = strategy._own_choices()
+    step = own.pop("optimizer step", None)
+    choices = {**own, "execution": execution_choice.ExecutionChoice(strategy, step.decide if step else None),
+               "chunking": chunking_decision.ChunkingChoice(strategy)}
+    return {**choices, "optimizer step": step} if step else choices
 
 
 def prepare(model, strategy, arguments: dict) -> None:
@@ -33,24 +42,17 @@ def prepare(model, strategy, arguments: dict) -> None:
     batch = _global_batch(arguments)
     _check_global_batch(batch, strategy.num_replicas_in_sync)
     if strategy.micro_batches:
-        micro_batches.check_fit(model, strategy, batch, training_samples(arguments))
+        micro_batches.check_fit(model, strategy, batch, rounds.training_samples(arguments))
     if compat.in_multi_worker_mode(strategy):
         strategy.extended.check_same_on_every_worker(
             [batch or 0], "the workers' global batch sizes differ ({low} to {high}; 0: not known before "
             "training): every worker must use the same global batch size.")
-    announce = strategy._prepare_concept(model, arguments, batch)
     given = arguments.get("callbacks")
     callbacks = list(given or [])
-    if announce is not None:
-        callbacks.append(announce)
     if not isinstance(given, keras.callbacks.CallbackList):  # a CallbackList is the user's, whole
         callbacks = [_upgraded(c) for c in callbacks]
-    callbacks.extend(strategy._prepare_execution(model, arguments, batch, callbacks))
-    if not chunking_decision.decide_without_measuring(strategy):
-        if not any(isinstance(c, chunking_decision.ChunkingDecision) for c in callbacks):
-            callbacks.append(chunking_decision.ChunkingDecision(strategy))
-    if strategy._is_one_device and not strategy.optimizer_step_decided(model.optimizer):
-        callbacks.append(strategy.optimizer_step_decision())
+    for choice in strategy._choices.values():
+        callbacks.extend(choice.prepare(model, arguments, batch, callbacks))
     if callbacks != list(given or []):
         arguments["callbacks"] = callbacks
 
@@ -75,19 +77,6 @@ def _global_batch(arguments: dict) -> int | None:
     elif batch is None and (hasattr(x, "shape") or isinstance(x, (list, tuple, dict))):
         batch = 32  # Keras' default batch size for arrays
     return batch
-
-
-def training_samples(arguments: dict) -> int | None:
-    """How many samples an epoch of fit trains on, for array inputs without
-    steps_per_epoch (Keras keeps the first floor(n * (1 - validation_split))
-    for training); None where that is not known before training."""
-    x = arguments.get("x")
-    first = tf.nest.flatten(x)[0] if isinstance(x, (list, tuple, dict)) and x else x
-    if arguments.get("steps_per_epoch") or isinstance(x, tf.data.Dataset) or not getattr(first, "shape", None):
-        return None
-    samples = int(first.shape[0])
-    split = arguments.get("validation_split") or 0.0
-    return int(math.floor(samples * (1.0 - split)))
 
 
 def _check_global_batch(batch: int | None, replicas: int) -> None:

@@ -27,7 +27,7 @@ def apply(strategy, optimizer, grads: list, variables: list) -> None:
     """The fused update of `variables` (Keras variables) on their host copies."""
     variables = [strategy.extended.host_target(v) for v in variables]
     fused = FusedKerasUpdate(optimizer, update_step_only=True)
-    host_ops = strategy.host_ops
+    host_ops = strategy._host_ops
     across = host_ops.across_workers
     summed = not any(isinstance(g, tf.distribute.DistributedValues) for g in grads)
     # Every worker's micro-batch gradients, already gathered.

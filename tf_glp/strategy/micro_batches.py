@@ -241,7 +241,7 @@ def _share_index(strategy):
 
 def _workers(strategy):
     """The cross-worker collectives (multi_worker_strategy.WorkerSum), None on one machine."""
-    return strategy.host_ops.across_workers
+    return strategy._host_ops.across_workers
 
 
 def train_step(model, data, strategy):
@@ -317,7 +317,7 @@ def _apply(strategy, optimizer, gradients, variables, shared: dict) -> dict:
         ordered = in_micro_batch_order(strategy, gradients)
         updated = [v for parts, v in zip(ordered, variables) if parts is not None]
         # The fused update adds the M parts in its own pass, in order.
-        unsummed = bool(updated) and strategy.takes_gradients_unsummed(optimizer, updated, loss_scaled)
+        unsummed = bool(updated) and strategy._takes_gradients_unsummed(optimizer, updated, loss_scaled)
         summed = []
         with tf.device(strategy.host_device):
             for parts in ordered:

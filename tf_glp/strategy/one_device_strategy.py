@@ -56,6 +56,11 @@ class OptimizerStepChoice:
     def decided(self, optimizer) -> bool:
         return optimizer is not None and self._optimizer_id == id(optimizer)
 
+    def prepare(self, model, arguments: dict, batch: int | None, callbacks: list) -> list:
+        """The start-up choice (tf_glp/tuning): decided at the start of fit's
+        training (or before, where the steps per execution measure first)."""
+        return [] if self.decided(model.optimizer) else [OptimizerStepDecision(self)]
+
     def decide(self, model: keras.Model, trials: int = 5) -> bool:
         """Measures (or keeps) the choice for `model`'s optimizer and sets it
         on the optimizer. True if its step changed (the train function must
@@ -103,10 +108,7 @@ WHO = "tf_glp.Strategy (optimizer step)"
 def _step_key(model: keras.Model) -> dict:
     """What the optimizer-step timing depends on: the update kind the
     optimizer's settings choose, the shapes it updates, the machine."""
-    optimizer = model.optimizer
-    return {**store.machine(), "optimizer": type(optimizer).__name__,
-            "update": fused_optimizer(optimizer).host_update(optimizer).kind,
-            "trainable": [[list(v.shape), str(v.dtype)] for v in model.trainable_variables]}
+    return store.model_key(model, update=fused_optimizer(model.optimizer).host_update(model.optimizer).kind)
 
 
 def _valid_step(entry: dict) -> bool:
@@ -156,19 +158,11 @@ class SingleDeviceStrategy(Strategy, tf.distribute.OneDeviceStrategy, placement=
         self._step_choice = OptimizerStepChoice(self)
         tf.distribute.Strategy.__init__(self, OneDeviceExtended(self, HOST_DEVICE))
 
+    def _own_choices(self) -> dict:
+        return {"optimizer step": self._step_choice}
+
     def _prepare_compile(self, model, arguments: dict) -> None:
-        self._execution.compiled(model, arguments)  # (XLA: the user's jit_compile stands)
-
-    def _prepare_execution(self, model, arguments: dict, batch: int | None, callbacks: list) -> list:
-        return self._execution.prepare(model, arguments, batch, callbacks, self._step_choice.decide)
-
-    def optimizer_step_decided(self, optimizer) -> bool:
-        """Whether this optimizer's step (Keras' or the fused one) is chosen."""
-        return self._step_choice.decided(optimizer)
-
-    def optimizer_step_decision(self) -> keras.callbacks.Callback:
-        """The callback that chooses it at the start of fit (added by fit)."""
-        return OptimizerStepDecision(self._step_choice)
+        self._choices["execution"].compiled(model, arguments)  # (XLA: the user's jit_compile stands)
 
     def _fuses_update(self, optimizer, variables) -> bool:
         # Never inside a multi-replica step: on one device the fused update
@@ -184,5 +178,5 @@ class SingleDeviceStrategy(Strategy, tf.distribute.OneDeviceStrategy, placement=
             f"logical CPU replicas would share these cores and only add tf.distribute's fixed "
             f"cost per step (cpu_replicas=N trains N replicas, to try multi-replica code)",
             ("  optimizer step: Keras' own (XLA compiles the step, and tf_glp's fused ops cannot run inside it)"
-             if self._execution.xla_in_use else self._step_choice.explain_line()),
-            f"  {self._execution.line()}"])
+             if self._choices["execution"].xla_in_use else self._step_choice.explain_line()),
+            f"  {self._choices['execution'].line()}"])

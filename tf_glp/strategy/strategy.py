@@ -34,7 +34,7 @@ from tf_glp._keras import compat, patches
 from tf_glp.ops import supports_fused_update
 from tf_glp.ops.keras_fused import changes_gradients
 from tf_glp.strategy import chunking as chunking_lib
-from tf_glp.strategy import concepts, cost_model, devices as devices_lib, execution_choice, fit_setup
+from tf_glp.strategy import concepts, cost_model, devices as devices_lib, fit_setup
 from tf_glp.strategy import fused_host_step, micro_batches as micro_batches_lib, no_xla
 from tf_glp.strategy.cross_device_ops import HostCrossDeviceOps
 from tf_glp.strategy.settings import Settings
@@ -169,7 +169,6 @@ class Strategy(tf.distribute.Strategy):
                        else devices_lib.default_devices(settings.cpu_replicas))
         self.micro_batches = micro_batches_lib.check_replicas(settings.micro_batches, len(devices), workers)
         self._rates: dict[type, cost_model.HostRates] = {}
-        self._execution = execution_choice.ExecutionChoice(self)
         patches.install_micro_batch_wrappers(
             micro_batches_lib.seed_next, micro_batches_lib.batch_norm_moments, micro_batches_lib.scale_for_distribution)
         return devices
@@ -205,14 +204,8 @@ class Strategy(tf.distribute.Strategy):
         """The device whose CPUs sum the gradients (update="host": and step)."""
         return self._host_ops.host_device
 
-    @property
-    def host_ops(self) -> HostCrossDeviceOps:
-        """The host's reductions: chunk plan, compression and, across
-        workers, the cross-worker sum (`host_ops.across_workers`)."""
-        return self._host_ops
-
     # -- cost model -------------------------------------------------------
-    def host_rates(self, optimizer=None) -> cost_model.HostRates:
+    def _host_rates(self, optimizer=None) -> cost_model.HostRates:
         """Measures (once per optimizer class) the host speeds the cost model
         uses; the update rate is for `optimizer`'s fused update."""
         if type(optimizer) not in self._rates:
@@ -224,7 +217,7 @@ class Strategy(tf.distribute.Strategy):
         return devices_lib.all_gpus(self.extended.worker_devices)
 
     @functools.cached_property
-    def tf_all_reduce(self) -> tf.distribute.CrossDeviceOps:
+    def _tf_all_reduce(self) -> tf.distribute.CrossDeviceOps:
         """TensorFlow's own all-reduce, as MirroredStrategy picks it (concepts.ALL_REDUCE's)."""
         return tf.distribute.NcclAllReduce() if self.uses_gpus() else tf.distribute.ReductionToOneDevice()
 
@@ -252,23 +245,24 @@ class Strategy(tf.distribute.Strategy):
             lines.append(f"  cost: {len(self.extended.worker_devices)} logical CPU replicas share the host's cores, so "
                          f"they add no compute, only tf.distribute's fixed cost per step (docs/performance.md); "
                          f"tf_glp.Strategy() without devices or cpu_replicas trains on one device")
-        return "\n".join([*lines, f"  {self._execution.line()}"])
+        return "\n".join([*lines, f"  {self._choices['execution'].line()}"])
 
     # -- the hooks Keras' patched methods call (patches.StrategyHooks) ------
     def _prepare_compile(self, model, arguments: dict) -> None:
-        self._execution.compiled(model, arguments)  # (before no_xla sets jit_compile)
+        self._choices["execution"].compiled(model, arguments)  # (before no_xla sets jit_compile)
         no_xla.prepare_compile(arguments, self.settings.allow_xla)
 
     def _prepare_fit(self, model, arguments: dict) -> None:
         fit_setup.prepare(model, self, arguments)
 
-    def _prepare_concept(self, model, arguments: dict, batch: int | None) -> keras.callbacks.Callback | None:
-        """fit_setup's: update="auto" decides its concept (AutoStrategy); a callback for fit or None."""
-        return None
+    @functools.cached_property
+    def _choices(self) -> dict:
+        """The start-up choices fit runs, in order (fit_setup.startup_choices)."""
+        return fit_setup.startup_choices(self)
 
-    def _prepare_execution(self, model, arguments: dict, batch: int | None, callbacks: list) -> list:
-        """fit_setup's: the steps per execution (execution_choice.py); callbacks for fit."""
-        return self._execution.prepare(model, arguments, batch, callbacks)
+    def _own_choices(self) -> dict:
+        """The choices this class adds (fit_setup.startup_choices)."""
+        return {}
 
     def _micro_batch_train_step(self, model, data):
         return micro_batches_lib.train_step(model, data, self)
@@ -282,14 +276,14 @@ class Strategy(tf.distribute.Strategy):
         variables)` (Keras' own apply) runs once, in cross-replica context,
         inside the concept's optimizer step (on the host copies for
         "host"). The fused update may take the per-replica gradients
-        unsummed (takes_gradients_unsummed)."""
+        unsummed (_takes_gradients_unsummed)."""
         no_xla.check_not_in_xla()
         concept = self.update_concept
 
         def merge_fn(strategy, grads):
             grads = list(grads)
             keras_variables = list(variables) if variables is not None else compat.built_variables(optimizer)
-            if not self.takes_gradients_unsummed(optimizer, keras_variables, loss_scaled):
+            if not self._takes_gradients_unsummed(optimizer, keras_variables, loss_scaled):
                 grads = concept.sum_gradients(self, grads, loss_scaled)
             with concept.optimizer_step(self, optimizer, keras_variables):
                 run(grads, variables)
@@ -326,7 +320,7 @@ class Strategy(tf.distribute.Strategy):
         return True
 
     # -- the concept's optimizer step ----------------------------------------
-    def sum_on_host(self, grads: list, loss_scaled: bool) -> list:
+    def _sum_on_host(self, grads: list, loss_scaled: bool) -> list:
         """The replicas' gradients summed on the host (the host concepts' sum)."""
         # An fp16 overflow in a loss-scaled step becomes inf and skips the
         # step, as loss scaling intends, instead of raising.
@@ -337,7 +331,7 @@ class Strategy(tf.distribute.Strategy):
         return self.update_concept.steps_on_host and supports_fused_update(
             optimizer, variables, update_step_only=True)[0]
 
-    def takes_gradients_unsummed(self, optimizer, variables, loss_scaled: bool) -> bool:
+    def _takes_gradients_unsummed(self, optimizer, variables, loss_scaled: bool) -> bool:
         """Whether Keras passes the gradients untouched to the fused update
         (no unscaling, clipping or accumulation first): then the fused pass
         reads each replica's gradient itself and sums it on the fly."""

@@ -1,5 +1,31 @@
 """tf_glp's start-up tuning kit: what the choices made at the start of a fit
-share. Today the plan store (store.py: one cache per user and machine); the
-choices themselves still live beside their strategies (strategy/
-update_choice.py, strategy/execution_choice.py, strategy/
-one_device_strategy.py)."""
+share, and the interface each implements.
+
+- rule.py: the one win rule, with each choice's threshold named;
+- rounds.py: fit's first batch, every variable kept around a scratch
+  measurement, the wait for a step's outputs, an error's gist, the line fit
+  prints once;
+- store.py: the plan store (one cache per user and machine).
+
+The choices (StartupChoice), in the order tf_glp/strategy/fit_setup.py runs
+them: update="auto"'s concept (strategy/update_choice.py), the steps per
+execution and XLA (strategy/execution_choice.py), chunking="auto"
+(strategy/chunking_decision.py), the one-device optimizer step
+(strategy/one_device_strategy.py). The layer profiler (tf_glp/callbacks/
+concurrency_profiler.py) is a callback the user adds, with a plan of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class StartupChoice(Protocol):
+    """One start-up choice, as fit_setup runs it."""
+
+    def prepare(self, model, arguments: dict, batch: int | None, callbacks: list) -> list:
+        """At the start of fit, before Keras builds its step (`arguments`:
+        fit's, bound; `batch`: the global batch where known; `callbacks`:
+        fit's so far): decides what can be decided now (from the plan store,
+        or by measuring) and returns the callbacks to add to fit (those that
+        measure on its steps, announce, put the user's settings back)."""

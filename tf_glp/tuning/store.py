@@ -24,9 +24,8 @@ import fcntl
 import json
 import os
 import platform
+import tempfile
 import warnings
-
-from tf_glp.profiling import plan as plan_lib
 
 AUTO = "auto"
 ENVIRONMENT = "TF_GLP_CACHE_DIR"
@@ -38,6 +37,7 @@ SECTIONS = (PLANS, EXECUTIONS, OPTIMIZER_STEPS)
 # The key fields that say which model an entry is for; the others say where
 # and how it ran.
 MODEL_FIELDS = ("optimizer", "trainable")
+SCHEMA = 3  # 3: the counts measured on the fit's own steps
 
 _warned: set[str] = set()
 
@@ -64,6 +64,32 @@ def machine() -> dict:
 
     return {"tf_glp": tf_glp.__version__, "tensorflow": tf.__version__, "keras": keras.__version__,
             "cpu": _cpu_model(), "isa": tf_glp.native_available().cpu_kernels}
+
+
+def model_key(model, **fields) -> dict:
+    """An entry's key: the machine and versions, the model's optimizer class
+    and trainable shapes and dtypes (not names: Keras numbers the names of
+    every new model in a process), and the choice's own `fields`."""
+    return {"schema": SCHEMA, **machine(), "optimizer": type(model.optimizer).__name__,
+            "trainable": [[list(v.shape), str(v.dtype)] for v in model.trainable_variables], **fields}
+
+
+def write_json(path: str, data) -> None:
+    """Writes `data` as JSON to `path` atomically (a reader sees the old
+    file or the new one, never half)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=".glp_plan.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(handle, "w") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
 
 
 def _cpu_model() -> str:
@@ -165,6 +191,6 @@ def write_entry(path: str, key: dict, entry: dict, section: str, valid, who: str
             entries = [e for e in kept if isinstance(e, dict) and isinstance(e.get("key"), dict) and valid(e)
                        and not same(e["key"])]
             entries.append({"key": key, **entry})
-            plan_lib.write_json(path, {**sections, section: entries})
+            write_json(path, {**sections, section: entries})
     except OSError as error:
         _warn_once(f"cannot write the plan {path} ({error}); the next run measures again", who)
