@@ -2,25 +2,18 @@
 `steps_per_execution`) and, on one device and only with the user's consent
 (`allow_xla=True`), whether XLA compiles them.
 
-Why: a small model's step is mostly the fixed cost of dispatching it (1-2
-ms on this project's 2-core machine on one device, more with replicas:
-docs/performance.md). Several steps per call remove that cost and train
-exactly the same weights; Keras 3 does not choose the count by itself. XLA
-(Keras: `jit_compile`, off by default without GPUs) can be much faster or
-much slower (on this project's CPU 2.2x faster on a wide MLP, 4x slower on
-MobileNetV2: benchmarks/RESULTS.md); it rounds differently, so it is
-measured and named, and used only where the user allows it. (With replicas
-XLA is refused: tf_glp's host ops run outside it, no_xla.py.)
+Why: a small model's step is mostly the fixed cost of dispatching it
+(docs/performance.md). Several steps per call remove that cost and train
+the same weights; Keras 3 does not choose the count by itself. XLA can be
+much faster or much slower (benchmarks/RESULTS.md) and rounds differently,
+so it is measured, named, and used only where the user allows it (with
+replicas it is refused: tf_glp's host ops run outside it, no_xla.py).
 
 The counts (1, 4 and 16, at most the epoch's steps) are measured on the
-user's own training steps (Note [Counts on the real steps]): the fit
-advances while they are timed, so the measurement costs only the extra
-traces, and the winner runs from the call after it is known. XLA changes
-the numbers, so it is timed on a scratch copy before fit (every variable
-put back), against the largest count, and only with the user's consent or
-where its compile and rounds cost at most XLA_HINT of the fit (then only
-named in explain()). A way wins with the kit's rule (tuning/rule.py,
-COUNT_GAIN).
+user's own training steps (Note [Counts on the real steps]), so the
+measurement costs only the extra traces. XLA changes the numbers: it is
+timed on a scratch copy before fit (xla_rounds.py). A way wins with the
+kit's rule (tuning/rule.py, COUNT_GAIN).
 
 What is kept as the user wrote it (not measured):
 - an explicit `steps_per_execution` (XLA is still measured, at it) or
@@ -55,6 +48,7 @@ import tensorflow as tf
 
 from tf_glp._keras import compat
 from tf_glp.profiling import optimizer_step
+from tf_glp.strategy import xla_rounds
 from tf_glp.tuning import rounds as rounds_lib, rule, store
 
 SPE_CANDIDATES = (1, 4, 16)
@@ -72,7 +66,6 @@ PROBE_WIN = 1.5
 # Without the user's consent XLA is measured (for explain()'s hint) only where
 # its compile and rounds cost at most this part of the fit's time.
 XLA_HINT = 0.02
-XLA_TRACES = 3  # XLA's compile, in traces of the step (about 3x on this machine's models)
 # A step of at least this long has no dispatch cost worth removing.
 LONG_STEP_S = 0.04
 WHO = "tf_glp.Strategy (steps per execution)"
@@ -146,7 +139,7 @@ class ExecutionChoice:
     """
 
     def __init__(self, strategy, before_measuring=None, clock=time.perf_counter):
-        self._strategy, self._before_measuring = strategy, before_measuring
+        self._strategy, self.before_measuring = strategy, before_measuring
         self.allow_xla = strategy.settings.allow_xla and strategy._is_one_device
         self.plan_path = store.resolve(strategy.settings.plan_path)
         self.clock = clock
@@ -250,7 +243,8 @@ class ExecutionChoice:
             return []
         notes = []
         if measure_xla:
-            notes.append(self._measure_xla(state, model, arguments, batch, counts[-1], fit_steps))
+            notes.append(xla_rounds.measure(self, state, model, arguments, batch, Way(counts[-1]),
+                                             Way(counts[-1], True), fit_steps))
             if state.xla_wins and self.allow_xla:
                 state.best, state.final, state.source = Way(counts[-1]), True, "measured"
                 state.reason = "; ".join(notes)
@@ -265,28 +259,6 @@ class ExecutionChoice:
             state.final, state.source = True, "measured"
             self._store(state, {})
         return [] if len(counts) == 1 or hooked else counts
-
-    def _measure_xla(self, state: ModelExecution, model, arguments: dict, batch: int | None, count: int,
-                     fit_steps: int) -> str:
-        """Times XLA at `count` against the count without it, on a scratch
-        copy (the first batch, every variable put back); returns the note."""
-        data, why = rounds_lib.first_batch(arguments, batch)
-        if data is None:
-            return f"XLA not measured: {why}"
-        if not compat.nothing_to_build(model):
-            with model.distribute_strategy.scope():
-                compat.symbolic_build(model, data)
-        if self._before_measuring is not None:
-            self._before_measuring(model)
-        base, xla = Way(count), Way(count, True)
-        times, first_s, error = xla_rounds(model, data, base, xla, self, fit_steps)
-        if error:
-            return error
-        state.times_ms.update(times)
-        wins, gain = rule.beats(times[base.label], times[xla.label], rule.COUNT_GAIN)
-        state.xla_wins, state.xla_steps = wins, count
-        return (f"XLA at {count}: {gain:.2f}x {'faster, beyond the spread' if wins else '(not faster beyond the spread)'}"
-                f", its compile {first_s:.1f} s")
 
     def _store(self, state: ModelExecution, extra: dict) -> None:
         if self.plan_path:
@@ -369,97 +341,21 @@ class PutBack(keras.callbacks.Callback):
         _switch(self.model, self._state, self._used, self._state.compiled)
 
 
-# -- XLA, on a scratch copy ---------------------------------------------------
-def xla_rounds(model, data, base: Way, xla: Way, choice: ExecutionChoice, fit_steps: int):
-    """Times `base` and `xla` on `data` (one batch, repeated) in interleaved
-    rounds of the same steps; returns ({label: [ms per step per round]},
-    XLA's first call in seconds, "") or ({}, 0, why not). XLA without the
-    user's consent only where its compile and rounds cost at most
-    choice.xla_hint of the fit. Every model and optimizer variable ends as
-    it started (each replica's copy), the metrics reset; the base's traced
-    function is kept for the fit."""
-    optimizer, strategy, state = model.optimizer, model.distribute_strategy, choice._models[model]
-    compiled, fused = Way.of(model), optimizer_step.uses_fused_update(optimizer)
-    restore = rounds_lib.variables_kept(strategy, [*model.variables, *optimizer.variables])
-    dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(data).repeat())
-    functions, first_s = {}, {}
-    try:
-        for way in (base, xla):
-            start = time.perf_counter()
-            try:
-                function, iterator = _traced(model, way, fused, dataset)
-            except Exception as error:  # noqa: BLE001 (an op XLA lacks, say; the base's error is the user's)
-                if way == base:
-                    raise
-                return {}, 0.0, f"XLA failed and was left out ({rounds_lib.gist(error)})"
-            first_s[way] = time.perf_counter() - start
-            functions[way] = (function, iterator)
-            if way == base:  # a second call: the step's time, to weigh XLA's compile
-                start = time.perf_counter()
-                rounds_lib.sync(function(iterator))
-                step_s = (time.perf_counter() - start) / base.steps_per_execution
-                cost_s = XLA_TRACES * first_s[base] + choice.rounds * 2 * base.steps_per_execution * step_s
-                if not choice.allow_xla and cost_s > choice.xla_hint * fit_steps * step_s:
-                    return {}, 0.0, (f"XLA not measured (allow_xla is off, and measuring it, about {cost_s:.1f} s, "
-                                     f"would be more than {choice.xla_hint:.0%} of this fit)")
-        times = {way.label: [] for way in functions}
-        for index in range(choice.rounds):
-            for way in ((base, xla) if index % 2 == 0 else (xla, base)):
-                function, iterator = functions[way]
-                choice.current = way.label
-                start = choice.clock()
-                rounds_lib.sync(function(iterator))
-                times[way.label].append(1e3 * (choice.clock() - start) / way.steps_per_execution)
-        return times, first_s[xla], ""
-    finally:
-        choice.current = ""
-        model.steps_per_execution, model.jit_compile = compiled.steps_per_execution, compiled.xla
-        optimizer_step.use_fused_update(optimizer, fused)
-        if base in functions:
-            state.functions[base] = (functions[base][0], None)
-        model.train_function = None
-        restore()
-        model.reset_metrics()
-
-
-def _traced(model, way: Way, fused: bool, dataset) -> tuple:
-    """fit's train function for `way` and an iterator over `dataset`, after
-    its first call (the trace; XLA's compile)."""
-    model.steps_per_execution = way.steps_per_execution
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # (Keras warns where a layer does not support XLA: checked below)
-        model.jit_compile = way.xla
-    if model.jit_compile != way.xla:
-        raise ValueError("a layer of this model does not support XLA (Keras' model_supports_jit)")
-    optimizer_step.use_fused_update(model.optimizer, fused and not way.xla)  # (fused ops cannot run in XLA)
-    model.make_train_function(force=True)
-    function, iterator = model.train_function, iter(dataset)
-    rounds_lib.sync(function(iterator))
-    return function, iterator
-
-
 # -- the counts, on the real steps --------------------------------------------
 # Note [Counts on the real steps]
-# Several steps per call change no number, so the counts are measured on the
-# fit's own steps. Keras' epoch loop is set to call fit's train function
-# every `largest` steps (the largest count); that function is CountRounds,
-# which runs each call's steps with one count's function (`largest / c`
-# calls of count c's; the epoch's last, shorter call with count 1's), so
-# every call advances the fit by the same steps whichever count runs it.
-# First count 1 (which fit traces anyway) and the largest are traced and
-# timed, one call each; a step of LONG_STEP_S or more keeps 1 there (no
-# dispatch worth removing, and no trace of the largest). What that round
-# shows the largest count saving over the rest of the fit is weighed
-# against what the rest of the measurement costs (the other counts' traces,
-# and the steps the slower counts run in the rounds): where it costs more
-# than choice.budget times the saving, 1 stays; where the largest is
-# choice.probe_win or more faster, it is taken at once; else the other
-# counts are traced and all run interleaved rounds, the winner taken with
-# the kit's rule. From the next call on, the winner runs the steps; when
-# fit ends the functions are kept for the next fit, which calls the winner
-# directly. So a long fit of a small model is always measured, at the cost
-# of two or three traces, and the weights are those of count 1 (the
-# tests train it bitwise like the count written by hand).
+# Several steps per call change no number, so the counts are timed on the
+# fit's own steps. Keras' epoch loop calls fit's train function every
+# `largest` steps; that function is CountRounds, which runs each call's steps
+# with one count's function (`largest / c` calls of count c's; an epoch's
+# shorter last call with count 1's), so every call advances the fit alike.
+# Count 1 and the largest are traced and timed first (a step of LONG_STEP_S
+# or more keeps 1: no dispatch worth removing). What that round shows the
+# largest saving over the rest of the fit is weighed against what measuring
+# further costs (the other traces, the slower counts' steps): above
+# choice.budget times the saving 1 stays; choice.probe_win or more faster,
+# the largest is taken; else all run interleaved rounds and the kit's rule
+# picks. The winner runs from the next call and is kept for the next fit.
+# The weights are count 1's (tested bitwise against the count by hand).
 def _weigh(choice: ExecutionChoice, fit_steps: int, rest_steps: int, one_ms: float, largest_ms: float,
            trace_s: float, counts: list[int]) -> tuple[str, str]:
     """After count 1's and the largest's first round (see the note above):
@@ -498,8 +394,8 @@ class CountRounds(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         model, state = self.model, self._state
-        if self._choice._before_measuring is not None:  # (the optimizer step is read where the functions trace)
-            self._choice._before_measuring(model)
+        if self._choice.before_measuring is not None:  # (the optimizer step is read where the functions trace)
+            self._choice.before_measuring(model)
         self._user_test = model.test_function
         for count in self._counts:  # made, not traced: each traces at its first call, with its count set
             known = model.train_function if count == 1 else state.functions.pop(self._way(count), (None, None))[0]
