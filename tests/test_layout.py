@@ -179,8 +179,8 @@ def test_one_file_per_strategy_and_a_small_base():
 # the package calls is private or on `extended`, as in tf.distribute; a name
 # made public changes this list and its docs together.
 PUBLIC = {
-    "tf_glp": ["NativeStatus", "Strategy", "callbacks", "layers", "native_available", "ops", "plan", "profile",
-               "strategy"],
+    "tf_glp": ["NativeStatus", "Strategy", "callbacks", "environment_cluster", "layers", "native_available", "ops",
+               "plan", "profile", "slurm_cluster", "strategy"],
     "tf_glp.Strategy": ["chunking", "compression", "concept", "explain", "host_device", "reduce", "update",
                         "update_concept", "uses_gpus"],
 }

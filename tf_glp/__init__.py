@@ -10,6 +10,9 @@ Three parts:
   `tf_glp.profile`, `tf_glp.plan`): a layer's independent work over a pool
   of lanes (CUDA streams or CPU threads), the lanes per layer chosen by a
   start-up profiler and kept in a plan file (GLP4NN).
+- `tf_glp.slurm_cluster()`, `tf_glp.environment_cluster()`: the cluster
+  of workers from SLURM's variables, or from a rank and a host list (where
+  no TF_CONFIG is written), for `Strategy(cluster_resolver=...)`.
 - `python -m tf_glp.bench compare`: the same model trained under each
   distributed-training concept, throughput, scaling and loss side by side.
 
@@ -34,8 +37,8 @@ from typing import Any
 from tf_glp._native import NativeStatus, native_available
 
 __version__ = "0.1.0"
-__all__ = ["NativeStatus", "Strategy", "callbacks", "layers", "native_available", "ops", "plan", "profile",
-           "strategy"]
+__all__ = ["NativeStatus", "Strategy", "callbacks", "environment_cluster", "layers", "native_available", "ops",
+           "plan", "profile", "slurm_cluster", "strategy"]
 
 _LAZY_SUBMODULES = {"callbacks": "tf_glp.callbacks", "layers": "tf_glp.layers", "ops": "tf_glp.ops",
                     "plan": "tf_glp.profiling.plan", "strategy": "tf_glp.strategy"}
@@ -52,6 +55,11 @@ def __getattr__(name: str) -> Any:
 
         globals()["profile"] = profile
         return profile
+    if name in ("slurm_cluster", "environment_cluster"):
+        from tf_glp.strategy import resolvers  # noqa: PLC0415 (lazy: imports TensorFlow)
+
+        globals()[name] = getattr(resolvers, name)
+        return globals()[name]
     if name in _LAZY_SUBMODULES:
         module = importlib.import_module(_LAZY_SUBMODULES[name])
         globals()[name] = module

@@ -80,6 +80,8 @@ def launch(workers: int, command: list[str], cpu_replicas: int | None = None,
     for index in range(workers):
         worker_env = dict(os.environ if env is None else env, TF_CONFIG=tf_config(ports, index),
                           PYTHONUNBUFFERED="1")
+        # Local workers start together: a missing one is named within a minute.
+        worker_env.setdefault("TF_GLP_CLUSTER_TIMEOUT", "60")
         if cpu_replicas is not None:
             worker_env["TF_GLP_CPU_REPLICAS"] = str(cpu_replicas)
         process = subprocess.Popen(command, env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

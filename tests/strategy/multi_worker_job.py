@@ -12,13 +12,14 @@ trainable weights, optimizer variables, evaluate() and predict() results.
 --stock runs TensorFlow's MultiWorkerMirroredStrategy (one CPU per worker);
 --profile adds tf_glp's ConcurrencyProfiler (plan OUT_DIR/plan{task}.json)
 whose choice is forced to differ between workers (chief 1 lane, worker 1 two);
+--engine slurm takes the cluster from SLURM's variables (tf_glp.slurm_cluster)
+instead of TF_CONFIG (which may also be TFJob's chief + worker form);
 --micro-batches M trains with tf_glp.Strategy(micro_batches=M) (Grappler's
 arithmetic optimizer off, for bitwise comparisons) and saves the metrics' and
 the seed generators' states and the history too.
 """
 
 import argparse
-import json
 import os
 import signal
 
@@ -38,22 +39,28 @@ parser.add_argument("--worker1-width", type=int, default=None, help="another mod
 parser.add_argument("--worker1-batch", type=int, default=None, help="another batch size on worker 1 (a bad job)")
 parser.add_argument("--profile", action="store_true", help="with ConcurrencyProfiler, workers measuring otherwise")
 parser.add_argument("--micro-batches", type=int, default=None)
+parser.add_argument("--engine", default=None, choices=["slurm"], help="the cluster from SLURM's variables")
 args = parser.parse_args()
 
-if args.stock:
-    import tensorflow as tf
+import tensorflow as tf  # noqa: E402
 
+resolver = tf_glp.slurm_cluster() if args.engine == "slurm" else tf.distribute.cluster_resolver.TFConfigClusterResolver()
+# This worker's id in the cluster (a TFJob's chief is 0, its workers 1...), which names its files.
+task = 0 if resolver.task_type in (None, "chief") else resolver.task_id + ("chief" in resolver.cluster_spec().jobs)
+if args.stock:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
 else:
-    strategy = tf_glp.Strategy(update=args.update, cpu_replicas=args.replicas, micro_batches=args.micro_batches)
+    strategy = tf_glp.Strategy(update=args.update, cpu_replicas=args.replicas, micro_batches=args.micro_batches,
+                               cluster_resolver=resolver if args.engine else None)
 
 import keras  # noqa: E402 (after the Strategy: it configures TensorFlow's devices)
-import tensorflow as tf  # noqa: E402
+
+if not args.stock:
+    print("strategy:", strategy.explain().splitlines()[0], flush=True)
 
 if args.micro_batches:
     tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
 
-task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)
 width = args.worker1_width if task == 1 and args.worker1_width else args.width
 batch = args.worker1_batch if task == 1 and args.worker1_batch else 32
 rng = np.random.default_rng(0)

@@ -2,6 +2,7 @@
 comes, a port in use, a malformed TF_CONFIG and a bad timeout each stop the
 worker within a bounded time with a message naming the problem."""
 
+import io
 import json
 import os
 import socket
@@ -21,10 +22,10 @@ def _env(**extra):
     return env
 
 
-def _run_strategy(tf_config, timeout_s=3):
+def _run_strategy(tf_config, timeout_s=3, arguments="update='replicas', cpu_replicas=1"):
     code = ("import tf_glp\n"
-            "tf_glp.Strategy(update='replicas', cpu_replicas=1)\n"
-            "print('started')\n")
+            f"strategy = tf_glp.Strategy({arguments})\n"
+            "print('started', strategy.explain().splitlines()[0])\n")
     return subprocess.run([sys.executable, "-c", code], env=_env(TF_CONFIG=json.dumps(tf_config),
                                                                   TF_GLP_CLUSTER_TIMEOUT=str(timeout_s)),
                           capture_output=True, text=True, timeout=120)
@@ -61,6 +62,9 @@ def test_a_port_in_use_is_named():
     ('{"cluster": {"worker": ["h:1"]}}', "must have a 'task' with 'type' and 'index'"),
     ('{"cluster": {"worker": ["h:1"]}, "task": {"type": "chief", "index": 0}}', "is not a job of the cluster"),
     ('{"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 1}}', "index 1 is out of range"),
+    # A TFJob with enableDynamicWorker: only this worker's own address.
+    ('{"sparseCluster": {"worker": {"1": "w1:2222"}}, "task": {"type": "worker", "index": 1}}',
+     "has the 'sparseCluster' form (a TFJob with enableDynamicWorker)"),
 ])
 def test_malformed_tf_config_is_named(monkeypatch, text, message):
     monkeypatch.setenv("TF_CONFIG", text)
@@ -69,6 +73,39 @@ def test_malformed_tf_config_is_named(monkeypatch, text, message):
     with pytest.raises(ValueError) as error:
         tf_glp.Strategy(update="replicas")
     assert message in str(error.value)
+
+
+def test_an_unresolvable_pod_name_passes_the_port_check_as_tensorflow_would_start():
+    # A pod's DNS name does not resolve until the pod runs; TensorFlow's
+    # server binds every interface, so only a port in use stops the worker.
+    port = launch.free_ports(1)[0]
+    cluster._check_port_free(f"myjob-worker-0.default.svc.invalid:{port}")
+    with socket.socket() as busy:
+        busy.bind(("", port))
+        busy.listen()
+        with pytest.raises(RuntimeError, match=f"port {port} cannot be bound"):
+            cluster._check_port_free(f"myjob-worker-0.default.svc.invalid:{port}")
+
+
+def test_the_start_up_timeout_suits_pods_starting_minutes_apart(monkeypatch):
+    monkeypatch.delenv("TF_GLP_CLUSTER_TIMEOUT", raising=False)
+    assert cluster.cluster_timeout_s() == 600
+    # tf_glp.launch's workers start together: it asks for a minute, unless told.
+    out = io.StringIO()
+    code = "import os; print(os.environ['TF_GLP_CLUSTER_TIMEOUT'])"
+    assert launch.launch(1, [sys.executable, "-c", code], out=out, err=out, env=_env()) == 0
+    assert "[worker 0] 60" in out.getvalue()
+    out = io.StringIO()
+    assert launch.launch(1, [sys.executable, "-c", code], out=out, err=out, env=_env(TF_GLP_CLUSTER_TIMEOUT="5")) == 0
+    assert "[worker 0] 5" in out.getvalue()
+
+
+def test_a_cpu_worker_trains_one_replica_by_default_and_explain_says_why():
+    port = launch.free_ports(1)[0]
+    done = _run_strategy({"cluster": {"worker": [f"127.0.0.1:{port}"]}, "task": {"type": "worker", "index": 0}},
+                         timeout_s=60, arguments="")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "on 1 replica x 1 worker (no GPU and no replica count given: one per worker)" in done.stdout
 
 
 def test_cluster_timeout_must_be_positive(monkeypatch):

@@ -10,7 +10,10 @@ started by tf_glp.launch, running tests/strategy/multi_worker_job.py.
   chief's concurrency plan;
 - micro-batched workers train bitwise like one replica, and restarted as one
   process end where the uninterrupted job ends;
-- workers started differently fail with a message naming the difference.
+- workers started differently fail with a message naming the difference;
+- the same job started as engines start it (a simulated `srun`, read by
+  tf_glp.slurm_cluster; TFJob's chief + worker TF_CONFIG) trains bitwise
+  like the job tf_glp.launch starts.
 
 Joining the cluster (TF_CONFIG, ports, a worker that never comes):
 test_cluster.py.
@@ -18,6 +21,7 @@ test_cluster.py.
 
 import io
 import json
+import socket
 import os
 import subprocess
 import sys
@@ -77,6 +81,7 @@ def two_workers(tmp_path_factory, update):
     expected = {"host": "MultiWorkerHostStrategy MirroredVariable",
                 "replicas": "MultiWorkerReplicaStrategy MirroredVariable"}[update]
     assert output.count(f"done {expected}") == 2, output
+    assert output.count("on 2 replicas x 2 workers (TF_GLP_CPU_REPLICAS=2)") == 2, output
     return _Job(out, output)
 
 
@@ -248,3 +253,48 @@ def test_stock_multi_worker_mirrored_strategy_still_needs_the_keras_workarounds(
     assert status != 0
     assert ("Attempt to convert a value (PerReplica" in output
             or "Invalid reduction dimension 0 for input with 0 dimensions" in output), output[-3000:]
+
+
+def _slurm_job_id() -> int:
+    """A job id whose ports (slurm_cluster's block for it: 2 tasks) are free here now."""
+    from tf_glp.strategy import resolvers  # noqa: PLC0415
+
+    for job_id in range(1000, 1000 + resolvers.PORT_BLOCKS):
+        base = resolvers.FIRST_PORT + resolvers.PORTS_PER_JOB * (job_id % resolvers.PORT_BLOCKS)
+        try:
+            for port in (base, base + 1):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return job_id
+    raise RuntimeError("no free SLURM port block")
+
+
+def _engine_envs(engine: str) -> list[dict]:
+    """The two workers' environments as the engine would set them."""
+    if engine == "slurm":  # srun --ntasks=2 on one node
+        job_id = _slurm_job_id()
+        return [_env(SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_JOB_ID=str(job_id), SLURM_JOB_NODELIST="localhost",
+                     SLURM_TASKS_PER_NODE="2", SLURMD_NODENAME="localhost") for rank in (0, 1)]
+    ports = launch.free_ports(2)  # a TFJob with 1 chief and 1 worker
+    cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"]}
+    return [_env(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": job, "index": 0},
+                                      "environment": "cloud"})) for job in ("chief", "worker")]
+
+
+@pytest.mark.parametrize("engine", ["slurm", "tfjob"])
+def test_engines_start_the_job_tf_glp_launch_starts(tmp_path, update, two_workers, engine):
+    args = ["--update", update, *(["--profile"] if update == "host" else []),
+            *(["--engine", "slurm"] if engine == "slurm" else [])]
+    workers = [subprocess.Popen([sys.executable, JOB, str(tmp_path), *args],
+                                env=dict(env, TF_GLP_CPU_REPLICAS="2", TF_GLP_CLUSTER_TIMEOUT="60"),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for env in _engine_envs(engine)]
+    outputs = [worker.communicate(timeout=240)[0] for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    for index, launched in enumerate(two_workers):
+        started = _load(tmp_path / f"w{index}.npz")
+        for prefix in ("trainable", "optimizer"):
+            for key in _keys(launched, prefix):
+                np.testing.assert_array_equal(started[key], launched[key], err_msg=f"worker {index} {key}")

@@ -487,10 +487,10 @@ def normalized_cluster_spec(cluster_resolver):
     return multi_worker_util.normalize_cluster_spec(cluster_resolver.cluster_spec())
 
 
-def configure_coordination_service(cluster_resolver, timeout_ms: int) -> None:
+def configure_coordination_service(cluster_resolver, register_ms: int, heartbeat_ms: int) -> None:
     """The coordination service as MultiWorkerMirroredStrategy configures
-    it, with `timeout_ms` as its register, heartbeat and shutdown timeouts;
-    nothing if this process already has one."""
+    it, with `register_ms` as its register timeout and `heartbeat_ms` as its
+    heartbeat and shutdown timeouts; nothing if this process already has one."""
     from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2  # noqa: PLC0415
     from tensorflow.python.distribute import multi_worker_util  # noqa: PLC0415
     from tensorflow.python.eager import context  # noqa: PLC0415
@@ -504,7 +504,7 @@ def configure_coordination_service(cluster_resolver, timeout_ms: int) -> None:
         service_type="standalone",
         service_leader=multi_worker_util.coordination_leader(cluster_spec),
         coordinated_jobs=jobs,
-        cluster_register_timeout_in_ms=timeout_ms,
-        heartbeat_timeout_in_ms=timeout_ms,
-        shutdown_barrier_timeout_in_ms=timeout_ms,
+        cluster_register_timeout_in_ms=register_ms,
+        heartbeat_timeout_in_ms=heartbeat_ms,
+        shutdown_barrier_timeout_in_ms=heartbeat_ms,
     )

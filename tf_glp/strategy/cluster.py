@@ -11,6 +11,7 @@ the cluster through `start`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -23,8 +24,14 @@ from tf_glp._keras import compat
 
 # How long a worker waits for the others at start-up before it stops with a
 # message naming the silent ones (_bounded_start), and the coordination
-# service's timeouts. TF_GLP_CLUSTER_TIMEOUT (seconds) overrides it.
-DEFAULT_CLUSTER_TIMEOUT_S = 60
+# service's register timeout. TF_GLP_CLUSTER_TIMEOUT (seconds) overrides it.
+# Ten minutes: pods of one job start minutes apart (image pulls, no gang
+# scheduling); tf_glp.launch, whose workers start together, sets 60.
+DEFAULT_CLUSTER_TIMEOUT_S = 600
+# How long the coordination service waits for a started worker's heartbeat
+# (and at shutdown) before it fails the others: a dead worker is seen in a
+# minute, whatever the start-up allowance.
+HEARTBEAT_TIMEOUT_S = 60
 
 
 def cluster_timeout_s() -> float:
@@ -46,6 +53,10 @@ def check_tf_config(text: str) -> dict:
         config = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"TF_CONFIG is not valid JSON ({error.msg} at character {error.pos}): {text!r}") from None
+    if isinstance(config, dict) and "sparseCluster" in config and "cluster" not in config:
+        raise ValueError("TF_CONFIG has the 'sparseCluster' form (a TFJob with enableDynamicWorker), which lists "
+                         "only this worker's own address; tf_glp.Strategy's all-reduce needs every worker's. "
+                         "Set enableDynamicWorker: false in the TFJob, or give a full 'cluster'.")
     if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
         raise ValueError(f"TF_CONFIG must be a JSON object with a 'cluster' object, got {text!r}")
     cluster, task = config["cluster"], config.get("task")
@@ -96,10 +107,12 @@ def worker_count(cluster_resolver) -> int:
 
 def configure_coordination(cluster_resolver) -> None:
     """Configures the coordination service as MultiWorkerMirroredStrategy
-    would, with TF_GLP_CLUSTER_TIMEOUT as its register, heartbeat and
-    shutdown timeouts. (In TensorFlow 2.21 the register timeout was seen not
-    to bound the start-up wait: _bounded_start does.)"""
-    compat.configure_coordination_service(cluster_resolver, int(cluster_timeout_s() * 1000))
+    would, with TF_GLP_CLUSTER_TIMEOUT as its register timeout and
+    HEARTBEAT_TIMEOUT_S as its heartbeat and shutdown timeouts. (In
+    TensorFlow 2.21 the register timeout was seen not to bound the start-up
+    wait: _bounded_start does.)"""
+    compat.configure_coordination_service(cluster_resolver, int(cluster_timeout_s() * 1000),
+                                          HEARTBEAT_TIMEOUT_S * 1000)
 
 
 def _addresses(cluster_resolver) -> dict[tuple[str, int], str]:
@@ -110,13 +123,19 @@ def _addresses(cluster_resolver) -> dict[tuple[str, int], str]:
 
 
 def _check_port_free(address: str) -> None:
-    host, _, port = address.rpartition(":")
+    """Stops a worker whose port is taken. Binds as TensorFlow's gRPC server
+    binds (every interface, the port only), so a host name that does not
+    resolve yet (a pod's DNS name) passes as it would there; only "address
+    in use" is fatal."""
+    port = address.rpartition(":")[2]
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         # As gRPC binds: a port left in TIME_WAIT by a previous run is free.
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind(("" if host in ("localhost", "127.0.0.1", "0.0.0.0") else host, int(port)))
+            probe.bind(("", int(port)))
         except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                return
             raise RuntimeError(f"tf_glp.Strategy: this worker's address {address} (from TF_CONFIG or the "
                                f"cluster resolver) cannot be used: port {port} cannot be bound ({error.strerror}). "
                                f"Free the port or give this worker another one.") from None

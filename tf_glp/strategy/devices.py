@@ -41,16 +41,31 @@ def cpu_replica_devices(count: int) -> list[str]:
     return [f"/cpu:{i}" for i in range(count)]
 
 
-def default_devices(cpu_replicas: int | None) -> list[str]:
+def default_devices(cpu_replicas: int | None, across_workers: bool = False) -> list[str]:
     """All GPUs; without GPUs, `cpu_replicas` logical CPUs (default: the
     TF_GLP_CPU_REPLICAS environment variable, which tf_glp.launch sets, else
-    2: where one device is not the choice, see trains_on_one_device)."""
+    one per worker across workers and 2 on one machine, where one device is
+    not the choice: see trains_on_one_device)."""
     gpus = tf.config.list_physical_devices("GPU")
     if gpus and cpu_replicas is None:
         return [f"/gpu:{i}" for i in range(len(gpus))]
     if cpu_replicas is None:
-        cpu_replicas = _env_cpu_replicas()
+        cpu_replicas = _env_cpu_replicas(1 if across_workers else 2)
     return cpu_replica_devices(cpu_replicas)
+
+
+def replicas_reason(settings, across_workers: bool) -> str:
+    """Why this worker trains the replicas it does (explain())."""
+    if settings.devices is not None:
+        return "the devices given"
+    if settings.cpu_replicas is not None:
+        return f"cpu_replicas={settings.cpu_replicas}"
+    if tf.config.list_physical_devices("GPU"):
+        return "every GPU this process sees"
+    if "TF_GLP_CPU_REPLICAS" in os.environ:
+        return f"TF_GLP_CPU_REPLICAS={os.environ['TF_GLP_CPU_REPLICAS']}"
+    return ("no GPU and no replica count given: one per worker" if across_workers else
+            "no GPU and no replica count given: 2 to split the micro-batches over")
 
 
 def all_gpus(devices) -> bool:
@@ -77,8 +92,8 @@ def placement(settings) -> str:
     return ONE_MACHINE
 
 
-def _env_cpu_replicas() -> int:
-    text = os.environ.get("TF_GLP_CPU_REPLICAS", "2")
+def _env_cpu_replicas(default: int) -> int:
+    text = os.environ.get("TF_GLP_CPU_REPLICAS", str(default))
     try:
         count = int(text)
     except ValueError:

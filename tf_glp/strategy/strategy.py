@@ -157,17 +157,18 @@ class Strategy(tf.distribute.Strategy):
         """Sets up the class' tf.distribute side (its extended object)."""
         raise NotImplementedError
 
-    def _set_up(self, devices: list[str] | None = None, workers: int = 1) -> list[str]:
+    def _set_up(self, devices: list[str] | None = None, workers: int | None = None) -> list[str]:
         """Sets up what every tf_glp strategy holds, from self.settings;
         returns the devices (`devices` when given, else the settings' or
-        the default ones)."""
+        the default ones). `workers`: the cluster's, None on one machine."""
         settings = self.settings
+        self._workers = workers
         self.chunking_state = chunking_lib.Chunking(settings.chunking)
         self._host_ops = HostCrossDeviceOps(HOST_DEVICE, settings.compression, self.chunking_state.plan)
         if devices is None:
             devices = (list(settings.devices) if settings.devices is not None
-                       else devices_lib.default_devices(settings.cpu_replicas))
-        self.micro_batches = micro_batches_lib.check_replicas(settings.micro_batches, len(devices), workers)
+                       else devices_lib.default_devices(settings.cpu_replicas, across_workers=workers is not None))
+        self.micro_batches = micro_batches_lib.check_replicas(settings.micro_batches, len(devices), workers or 1)
         self._rates: dict[type, cost_model.HostRates] = {}
         patches.install_micro_batch_wrappers(
             micro_batches_lib.seed_next, micro_batches_lib.batch_norm_moments, micro_batches_lib.scale_for_distribution)
@@ -229,10 +230,13 @@ class Strategy(tf.distribute.Strategy):
         Example:
             >>> print(strategy.explain())
         """
-        where = f"{len(self.extended.worker_devices)} replicas"
-        if compat.in_multi_worker_mode(self):
-            where += f" x {self.extended.num_workers} workers"
-        lines = [f"tf_glp.Strategy({self.settings.describe()}) on {where}"]
+        across_workers = self._workers is not None
+        replicas, workers = len(self.extended.worker_devices), self._workers or 1
+        where = f"{replicas} replica{'s' * (replicas != 1)}"
+        if across_workers:
+            where += f" x {workers} worker{'s' * (workers != 1)}"
+        lines = [f"tf_glp.Strategy({self.settings.describe()}) on {where} "
+                 f"({devices_lib.replicas_reason(self.settings, across_workers)})"]
         if not self.chunking_state.decided and not self.chunking_state.trials:
             lines.append(f"  chunks in use: {self.chunking_state.in_use()} (chunking='auto' decides at the start "
                          f"of the first fit)")
@@ -244,7 +248,8 @@ class Strategy(tf.distribute.Strategy):
         if not self.uses_gpus():
             lines.append(f"  cost: {len(self.extended.worker_devices)} logical CPU replicas share the host's cores, so "
                          f"they add no compute, only tf.distribute's fixed cost per step (docs/performance.md); "
-                         f"tf_glp.Strategy() without devices or cpu_replicas trains on one device")
+                         f"tf_glp.Strategy() without devices or cpu_replicas trains on one device "
+                         f"{'per worker' if across_workers else ''}".rstrip())
         return "\n".join([*lines, f"  {self._choices['execution'].line()}"])
 
     # -- the hooks Keras' patched methods call (patches.StrategyHooks) ------
