@@ -3,6 +3,7 @@ strategies run with 2 and 4 replicas on any machine), fixed seeds."""
 
 import gc
 import os
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -12,6 +13,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 NUM_LOGICAL_CPUS = 4
+RAY_TESTS = Path(__file__).parent / "ray"
 
 _cpus = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(
@@ -28,6 +30,17 @@ gc.set_threshold(50_000, 20, 20)
 def pytest_addoption(parser):
     parser.addoption("--fuzz-cases", type=int, default=None,
                      help="cases for tests/ops/test_raw_op_fuzz.py (default: its fixed-seed sample)")
+    parser.addoption("--ray", action="store_true",
+                     help="collect tests/ray (the Ray Train tests), which the suite leaves out")
+
+
+def pytest_ignore_collect(collection_path, config):
+    # tests/ray runs as a step of its own (tools/dev.sh test: pytest --ray
+    # tests/ray): its Ray workers and the suite's processes would share the
+    # machine's two cores.
+    if collection_path == RAY_TESTS and not config.getoption("--ray"):
+        return True
+    return None
 
 
 def pytest_configure(config):

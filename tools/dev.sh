@@ -3,6 +3,7 @@
 # Python 3.11, pip and a C++ compiler:
 #   tools/dev.sh quickstart   # install into .venv, run examples/quickstart.py
 #   tools/dev.sh test         # install into .venv, run native + Python tests
+#                             # (then the Ray Train tests, unless pytest args are given)
 #   tools/dev.sh sanitize     # the native core tests under ASan + UBSan (CI)
 # TF_GLP_VENV picks another virtual environment folder (default .venv).
 set -euo pipefail
@@ -18,7 +19,7 @@ install() {
   # TensorFlow first: the op library is compiled against it (setup.py), and
   # --no-build-isolation reuses this one instead of a second 2 GB copy.
   "$PY" -m pip install -q "tensorflow==2.21.*"
-  "$PY" -m pip install -q --no-build-isolation -e ".[test,examples]"
+  "$PY" -m pip install -q --no-build-isolation -e ".[test,examples,ray]"
 }
 
 native_tests() {
@@ -54,7 +55,13 @@ case "${1:-}" in
     # teardown during evaluate()) ends the run at once, naming its test;
     # with restarts, xdist 3.8's loadfile scheduler can wait forever
     # (pytest-dev/pytest-xdist issue 1378).
-    exec "$PY" -m pytest -q -n "${TF_GLP_TEST_PROCESSES:-2}" --dist loadfile --max-worker-restart 0 "$@"
+    "$PY" -m pytest -q -n "${TF_GLP_TEST_PROCESSES:-2}" --dist loadfile --max-worker-restart 0 "$@"
+    # The Ray Train tests, a step of their own (a local Ray cluster whose
+    # workers would otherwise share the cores with the suite's processes);
+    # left out when pytest arguments pick tests.
+    if [ $# -eq 0 ]; then
+      exec "$PY" -m pytest -q -p no:xdist --ray tests/ray
+    fi
     ;;
   sanitize)
     install

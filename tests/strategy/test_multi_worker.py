@@ -283,8 +283,10 @@ def _engine_envs(engine: str) -> list[dict]:
                                       "environment": "cloud"})) for job in ("chief", "worker")]
 
 
-@pytest.mark.parametrize("engine", ["slurm", "tfjob"])
-def test_engines_start_the_job_tf_glp_launch_starts(tmp_path, update, two_workers, engine):
+def test_engines_start_the_job_tf_glp_launch_starts(tmp_path, update, two_workers):
+    # One engine per concept (each run costs two processes): srun under
+    # update="host", TFJob's chief + worker under update="replicas".
+    engine = {"host": "slurm", "replicas": "tfjob"}[update]
     args = ["--update", update, *(["--profile"] if update == "host" else []),
             *(["--engine", "slurm"] if engine == "slurm" else [])]
     workers = [subprocess.Popen([sys.executable, JOB, str(tmp_path), *args],

@@ -33,13 +33,14 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 
 import keras
 import numpy as np
 
 from tf_glp._keras import compat
 
-_METADATA = "training_metadata.json"
+METADATA = "training_metadata.json"
 
 
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
@@ -65,6 +66,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._epoch = 0
         self._batches_done = 0  # in the current epoch
         self._batches_to_skip = 0  # of the first epoch after a restore
+        self._skipping = 0  # batches of the current epoch skipped
 
     @classmethod
     def from_keras(cls, callback: keras.callbacks.BackupAndRestore) -> BackupAndRestore:
@@ -81,7 +83,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._restore()
 
     def _restore(self):
-        metadata_path = os.path.join(self.backup_dir, _METADATA)
+        metadata_path = os.path.join(self.backup_dir, METADATA)
         metadata = None
         if os.path.exists(metadata_path):
             with open(metadata_path) as f:
@@ -109,11 +111,27 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             variable.assign(np.asarray(value, dtype=variable.dtype))
         compat.set_initial_epoch(self.model, metadata["epoch"])
         self._batches_to_skip = int(metadata.get("batches_done", 0))
+        self._warn_if_the_replicas_changed(metadata.get("replicas"))
         return None
+
+    def _warn_if_the_replicas_changed(self, saved) -> None:
+        """Says once when a restore on another replica count changes the
+        numbers: batch statistics and dropout masks are per replica, unless
+        tf_glp.Strategy(micro_batches=M) makes them independent of it."""
+        strategy = self.model.distribute_strategy
+        replicas = strategy.num_replicas_in_sync
+        if saved is None or saved == replicas or getattr(strategy, "micro_batches", None):
+            return
+        warnings.warn(f"tf_glp.callbacks.{type(self).__name__}: the backup was written by {saved} replicas, this "
+                      f"run trains {replicas}: it continues, but not with the numbers the {saved} would have "
+                      f"computed (batch statistics and dropout are per replica). "
+                      f"tf_glp.Strategy(micro_batches=M), with M a multiple of both counts, keeps them.",
+                      stacklevel=2)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
         self._batches_done = 0
+        self._skipping = self._batches_to_skip  # batches of this epoch read, not trained
         if self._batches_to_skip:
             self._skip_batches(self._batches_to_skip)
             self._batches_to_skip = 0
@@ -141,6 +159,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     # -- save ----------------------------------------------------------------
     def on_train_batch_end(self, batch, logs=None):
         self._batches_done = batch + 1
+        if batch < self._skipping:
+            return  # a skipped batch: no backup (its weights are the restored ones, not this batch's)
         super().on_train_batch_end(batch, logs)
 
     def on_epoch_end(self, epoch, logs=None):
@@ -155,10 +175,14 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             name = f"backup-epoch{self._epoch}-batch{self._batches_done}.weights.h5"
             partial = os.path.join(folder, f"partial-{os.getpid()}.weights.h5")
             self.model.save_weights(partial, overwrite=True)
+            weights_bytes = os.path.getsize(partial)
             os.replace(partial, os.path.join(folder, name))
-            _write_atomically(os.path.join(folder, _METADATA),
+            _write_atomically(os.path.join(folder, METADATA),
                               {"epoch": self._epoch, "batch": compat.last_batch_seen(self),
                                "batches_done": self._batches_done, "weights": name,
+                               # (a copy of the backup is whole when its weights file has this size)
+                               "weights_bytes": weights_bytes, "step": _step(self.model),
+                               "replicas": self.model.distribute_strategy.num_replicas_in_sync,
                                "state_not_in_weights": [{"path": v.path, "value": np.asarray(v.numpy()).tolist()}
                                                         for v in _state_not_in_weights(self.model)]})
             for old in glob.glob(os.path.join(folder, "backup-*.weights.h5")):
@@ -171,6 +195,12 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def on_train_end(self, logs=None):
         if self.delete_checkpoint and self._writes_backup_dir() and os.path.exists(self.backup_dir):
             shutil.rmtree(self.backup_dir)
+
+
+def _step(model) -> int:
+    """The optimizer's step count: how far training got (0 without one)."""
+    optimizer = model.optimizer
+    return int(optimizer.iterations.numpy()) if optimizer is not None and optimizer.built else 0
 
 
 def _state_not_in_weights(model) -> list:

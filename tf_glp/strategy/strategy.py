@@ -245,8 +245,8 @@ class Strategy(tf.distribute.Strategy):
         if concepts.is_measured(self.settings.update) and not self._measures_concept:
             lines.append(f"  update={self.settings.update!r} -> {self.concept!r}: across workers the concept is "
                          f"not measured yet")
-        if not self.uses_gpus():
-            lines.append(f"  cost: {len(self.extended.worker_devices)} logical CPU replicas share the host's cores, so "
+        if not self.uses_gpus() and replicas > 1:
+            lines.append(f"  cost: {replicas} logical CPU replicas share the host's cores, so "
                          f"they add no compute, only tf.distribute's fixed cost per step (docs/performance.md); "
                          f"tf_glp.Strategy() without devices or cpu_replicas trains on one device "
                          f"{'per worker' if across_workers else ''}".rstrip())
