@@ -16,8 +16,9 @@ the faster plain way.
 
 Models (Adam everywhere; the fits of issue "one start-up tuner"): the tiny
 MLP 64 -> 32 -> 10 (60,000 samples, batch 64, 5 epochs), the quickstart's CNN
-on 8x8x1 (20,000 samples, batch 64, 5 epochs) and the wide MLP 1024 -> 4096
--> 4096 -> 10 (8,192 samples, batch 32, 2 epochs).
+on 8x8x1 (20,000 samples, batch 64, 5 epochs), the wide MLP 1024 -> 4096
+-> 4096 -> 10 (8,192 samples, batch 32, 2 epochs) and MobileNetV2 on 32x32x3
+(4,096 samples, batch 32, 2 epochs; with BatchNormalization).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ REPEATS = 3
 WAYS = ["plain", "plain spe=16", "tf_glp cold", "tf_glp warm"]
 # (input shape, samples, batch, epochs)
 MODELS = {"tiny": ((64,), 60_000, 64, 5), "quickstart": ((8, 8, 1), 20_000, 64, 5),
-          "wide": ((1024,), 8_192, 32, 2)}
+          "wide": ((1024,), 8_192, 32, 2), "mobilenet": ((32, 32, 3), 4_096, 32, 2)}
 
 
 def _model(keras, name: str):
@@ -52,6 +53,9 @@ def _model(keras, name: str):
             keras.Input((8, 8, 1)), layers.Conv2D(32, 3, padding="same", activation="relu"),
             layers.Conv2D(64, 3, activation="relu"), layers.Flatten(), layers.Dense(128, activation="relu"),
             layers.Dense(10)])
+    if name == "mobilenet":  # (untrained: weights=None; logits, as the others)
+        return keras.applications.MobileNetV2(input_shape=(32, 32, 3), weights=None, classes=10,
+                                              classifier_activation=None)
     return keras.Sequential([keras.Input((1024,)), layers.Dense(4096, activation="relu"),
                              layers.Dense(4096, activation="relu"), layers.Dense(10)])
 

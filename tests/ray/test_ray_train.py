@@ -7,6 +7,7 @@ job as `train_loop_per_worker` of a `TensorflowTrainer`, and
 - a worker killed mid-fit (FailureConfig(max_failures=1)) resumes from
   tf_glp.callbacks.RayCheckpoint's last checkpoint, restored through Ray's
   storage alone, and the run ends bitwise where the uninterrupted one ends;
+  a preemption notice on one worker makes every worker save at the next check;
 - a 2-worker run killed for good, restarted on 1 worker from its last Ray
   checkpoint with micro_batches keeping the global batch, ends bitwise where
   one replica trained uninterrupted ends.
@@ -21,6 +22,7 @@ workers and the suite's would share the same two cores.
 
 import importlib.util
 import io
+import json
 import os
 import subprocess
 import sys
@@ -70,6 +72,12 @@ def _first_steps(out, worker):
     return [int(line) for line in (out / f"first_steps{worker}.txt").read_text().split()]
 
 
+def _checkpoint_steps(out, name="run"):
+    """The steps of the checkpoints in the run's storage folder."""
+    return [json.loads(metadata.read_text())["step"]
+            for metadata in (out / "ray_storage" / name).glob("*/training_metadata.json")]
+
+
 def _ray_fit(out, args, workers=2, failures=0, name="run"):
     """Trains the job on `workers` Ray workers; returns Ray's Result (a run
     named as an earlier one resumes from its checkpoint, as Ray Train does)."""
@@ -97,34 +105,36 @@ def _assert_bitwise_equal(result, reference, where, prefixes=("trainable", "opti
         np.testing.assert_array_equal(result[key], reference[key], err_msg=f"{where}: {key}")
 
 
-@pytest.fixture(scope="module", params=["replicas", "host"])
-def update(request):
-    return request.param
-
-
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory, update):
-    return _launched(tmp_path_factory.mktemp(f"launched_{update}"), ["--update", update])
+def launched(tmp_path_factory):
+    """tf_glp.launch's results per update concept."""
+    return {update: _launched(tmp_path_factory.mktemp(f"launched_{update}"), ["--update", update])
+            for update in ("replicas", "host")}
 
 
+@pytest.mark.parametrize("update", ["replicas", "host"])
 def test_ray_workers_train_like_tf_glp_launch(tmp_path, update, launched):
     _ray_fit(tmp_path, ["--update", update, "--replicas", "2"])
     for worker in (0, 1):
-        _assert_bitwise_equal(_load(tmp_path / f"w{worker}.npz"), launched[worker], f"worker {worker}")
+        _assert_bitwise_equal(_load(tmp_path / f"w{worker}.npz"), launched[update][worker], f"worker {worker}")
 
 
-def test_a_killed_worker_resumes_from_rays_checkpoint_and_loses_nothing(tmp_path, update, launched):
-    if update == "host":
-        pytest.skip("update='host' is killed and restarted on one worker below")
-    result = _ray_fit(tmp_path, ["--update", update, "--replicas", "2", "--ray-checkpoint", "3", "--kill-at", "14"],
-                      failures=1)
+def test_a_killed_worker_resumes_from_rays_checkpoint_and_loses_nothing(tmp_path, launched):
+    # update="replicas" (whose optimizer state is per replica); update="host"
+    # is killed and restarted on one worker below.
+    update = "replicas"
+    result = _ray_fit(tmp_path, ["--update", update, "--replicas", "2", "--ray-checkpoint", "3", "--kill-at", "14",
+                                 "--preempt-at", "5"], failures=1)
     assert (tmp_path / "killed").exists()  # worker 1 died after step 14; Ray restarted both
+    # Checkpoints every 3 steps, and at step 10: worker 1's preemption notice
+    # (from step 5) agreed on at the first check (every 10 steps), before the restart.
+    assert sorted(_checkpoint_steps(tmp_path))[:5] == [3, 6, 9, 10, 12]
     # Both resumed at the checkpoint after step 12, read back from Ray's storage.
     for worker in (0, 1):
         assert _first_steps(tmp_path, worker) == [0, 12]
     assert result.checkpoint is not None
     for worker in (0, 1):
-        _assert_bitwise_equal(_load(tmp_path / f"w{worker}.npz"), launched[worker], f"worker {worker}")
+        _assert_bitwise_equal(_load(tmp_path / f"w{worker}.npz"), launched[update][worker], f"worker {worker}")
 
 
 def test_a_two_worker_checkpoint_restarts_on_one_worker_with_the_same_numbers(tmp_path):

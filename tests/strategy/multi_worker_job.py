@@ -15,7 +15,8 @@ whose choice is forced to differ between workers (chief 1 lane, worker 1 two);
 --engine slurm takes the cluster from SLURM's variables (tf_glp.slurm_cluster)
 instead of TF_CONFIG (which may also be TFJob's chief + worker form);
 --ray-checkpoint N saves through tf_glp.callbacks.RayCheckpoint(save_freq=N)
-(run under Ray Train: ray_train_loop);
+(run under Ray Train: ray_train_loop), --preempt-at N gives worker 1 Ray's
+preemption notice from step N;
 --micro-batches M trains with tf_glp.Strategy(micro_batches=M) (Grappler's
 arithmetic optimizer off, for bitwise comparisons) and saves the metrics' and
 the seed generators' states and the history too.
@@ -44,6 +45,7 @@ def main(argv=None):
     parser.add_argument("--micro-batches", type=int, default=None)
     parser.add_argument("--engine", default=None, choices=["slurm"], help="the cluster from SLURM's variables")
     parser.add_argument("--ray-checkpoint", type=int, default=0, help="tf_glp.callbacks.RayCheckpoint(save_freq=N)")
+    parser.add_argument("--preempt-at", type=int, default=0, help="Ray's preemption notice on worker 1 from step N")
     args = parser.parse_args(argv)
 
     import tensorflow as tf
@@ -108,6 +110,12 @@ def main(argv=None):
         callbacks.append(keras.callbacks.BackupAndRestore(args.backup, save_freq=3))
     if args.ray_checkpoint:
         callbacks.append(tf_glp.callbacks.RayCheckpoint(save_freq=args.ray_checkpoint))
+    if args.preempt_at:
+        import ray.train
+
+        # What Ray's preemption watcher would set on a worker of a draining node.
+        ray.train.get_preemption_info = lambda: (
+            "draining" if task == 1 and int(model.optimizer.iterations.numpy()) >= args.preempt_at else None)
     if args.kill_at:
         callbacks.append(KillAt())
     if args.profile:

@@ -3,6 +3,7 @@ one device, save and load on one device, checkpoints, BackupAndRestore, and
 clear errors for what it does not support."""
 
 import os
+import warnings
 
 import keras
 import numpy as np
@@ -139,6 +140,25 @@ def test_backup_and_restore_resumes_mid_epoch_at_the_batch(update, tmp_path):
     assert int(resumed.optimizer.iterations.numpy()) == 16
     for a, b in zip(resumed.weights, reference.weights):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_a_restore_on_another_replica_count_says_once_that_the_numbers_change(tmp_path):
+    # Written by 2 replicas, restored by 4 without micro_batches: batch
+    # statistics and dropout are per replica, so the numbers differ; with
+    # micro_batches (a multiple of both counts) they do not, and nothing is said.
+    x, y = _digits()
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+    backup = str(tmp_path / "backup")
+    written = _model(tf_glp.Strategy(cpu_replicas=2, chunking="none"))
+    written.fit(data, epochs=1, verbose=0, callbacks=[keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False)])
+    with pytest.warns(UserWarning, match="the backup was written by 2 replicas, this run trains 4") as seen:
+        _model(tf_glp.Strategy(cpu_replicas=4, chunking="none")).fit(
+            data, epochs=2, verbose=0, callbacks=[keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False)])
+    assert sum("the backup was written by" in str(w.message) for w in seen) == 1
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*the backup was written by")
+        _model(tf_glp.Strategy(cpu_replicas=4, chunking="none", micro_batches=4)).fit(
+            data, epochs=3, verbose=0, callbacks=[keras.callbacks.BackupAndRestore(backup)])
 
 
 class TestErrors:

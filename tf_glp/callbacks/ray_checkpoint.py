@@ -14,6 +14,12 @@ run is started again under the same `RunConfig(name, storage_path)` (on as
 many workers or another count), every worker fetches the latest checkpoint
 and the fit resumes at the batch after it, as BackupAndRestore's does.
 
+A preemption notice (`ray.train.get_preemption_info()`, set when a node of
+the run is being drained, e.g. a spot instance reclaimed) is read every
+`preemption_check_every` steps, at the same step on every worker, which
+agree through one collective (any worker's notice counts): then every worker
+saves and reports at once, so the restart loses at most those steps.
+
 The latest checkpoint: Ray registers a reported checkpoint only when its
 controller next polls the workers (every 2 s), so a worker that dies just
 after a report loses that checkpoint to `ray.train.get_checkpoint()`, which
@@ -31,6 +37,7 @@ import posixpath
 import shutil
 import tempfile
 
+from tf_glp._keras import compat
 from tf_glp.callbacks.backup_and_restore import METADATA, BackupAndRestore
 
 
@@ -51,6 +58,8 @@ class RayCheckpoint(BackupAndRestore):
     Args:
         save_freq: "epoch" or a number of batches between checkpoints.
             Defaults to `"epoch"`.
+        preemption_check_every: Steps between reads of Ray's preemption
+            notice (0: never). Defaults to 10.
 
     Example:
         >>> def train_loop_per_worker(config):
@@ -59,11 +68,17 @@ class RayCheckpoint(BackupAndRestore):
         ...     model.fit(dataset, epochs=5, callbacks=[tf_glp.callbacks.RayCheckpoint(save_freq=100)])
     """
 
-    def __init__(self, save_freq="epoch"):
+    def __init__(self, save_freq="epoch", preemption_check_every: int = 10):
+        if not isinstance(preemption_check_every, int) or preemption_check_every < 0:
+            raise ValueError(f"RayCheckpoint: preemption_check_every must be an integer >= 0 (0: never), "
+                             f"got {preemption_check_every!r}")
         self._ray_train = _ray_train()
         self._context = self._ray_train.get_context()  # (raises outside a Ray Train worker)
         super().__init__(tempfile.mkdtemp(prefix="tf_glp_ray_checkpoint_"), save_freq=save_freq)
         self._metrics: dict[str, float] = {}
+        self._preemption_check_every = preemption_check_every
+        self._checks_done = 0  # preemption checks: one each time the step passes a multiple
+        self._saved_for_preemption = False
 
     def on_train_begin(self, logs=None):
         checkpoint = self._latest_checkpoint()
@@ -75,7 +90,8 @@ class RayCheckpoint(BackupAndRestore):
     def _latest_checkpoint(self):
         """The checkpoint that got furthest: Ray's latest registered one, or
         a whole one in the run's storage folder (see the module docstring)."""
-        candidates = [self._ray_train.get_checkpoint()]
+        registered = self._ray_train.get_checkpoint()
+        candidates = [registered]
         try:
             storage = self._context.get_storage()
             filesystem, folder = storage.storage_filesystem, storage.experiment_fs_path
@@ -89,11 +105,33 @@ class RayCheckpoint(BackupAndRestore):
                            if info.type == pyarrow.fs.FileType.Directory]
         steps = {id(c): _step_if_whole(c) for c in candidates if c is not None}
         whole = [c for c in candidates if c is not None and steps[id(c)] is not None]
-        return max(whole, key=lambda c: steps[id(c)], default=None)
+        # (None of them whole by this callback's record, e.g. written by an
+        # earlier tf_glp: Ray's choice, as BackupAndRestore reads it.)
+        return max(whole, key=lambda c: steps[id(c)], default=registered)
 
     def on_train_batch_end(self, batch, logs=None):
         self._keep_metrics(logs)
         super().on_train_batch_end(batch, logs)
+        if batch >= self._skipping and self._preempted():
+            self._save_model()
+
+    def _preempted(self) -> bool:
+        """True once, at the first check after a preemption notice reached
+        any worker (every worker checks at the same steps)."""
+        if not self._preemption_check_every or self._saved_for_preemption:
+            return False
+        checks = int(self.model.optimizer.iterations.numpy()) // self._preemption_check_every
+        if checks == self._checks_done:
+            return False
+        self._checks_done = checks
+        notice = getattr(self._ray_train, "get_preemption_info", lambda: None)() is not None
+        strategy = self.model.distribute_strategy
+        if hasattr(strategy.extended, "any_worker"):  # tf_glp across workers: agree on it
+            notice = strategy.extended.any_worker(notice)
+        elif compat.in_multi_worker_mode(strategy):
+            return False  # another strategy's workers cannot agree here: save_freq alone
+        self._saved_for_preemption = notice
+        return notice
 
     def on_epoch_end(self, epoch, logs=None):
         self._keep_metrics(logs)

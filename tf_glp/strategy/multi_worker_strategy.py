@@ -143,6 +143,11 @@ class CollectiveHostExtended(compat.collective_extended_class()):
         mine = list(values) if self._glp_worker.is_chief else [0] * len(values)
         return compat.all_reduce_among_workers(self, mine, self._glp_host_ops.host_device, "Add")
 
+    def any_worker(self, flag: bool) -> bool:
+        """Whether `flag` is true on any worker (one collective; eager only,
+        called by every worker at the same point)."""
+        return compat.all_reduce_among_workers(self, [int(flag)], self._glp_host_ops.host_device, "Max")[0] > 0
+
     def _gather_to_implementation(self, value, destinations, axis, options):
         ops = self._glp_host_collective_ops if compat.reduces_on_host(self, value) else self._glp_collective_ops
         return compat.gather(ops, value, destinations, axis, options)
