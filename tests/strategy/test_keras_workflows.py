@@ -146,17 +146,19 @@ def test_a_restore_on_another_replica_count_says_once_that_the_numbers_change(tm
     # Written by 2 replicas, restored by 4 without micro_batches: batch
     # statistics and dropout are per replica, so the numbers differ; with
     # micro_batches (a multiple of both counts) they do not, and nothing is said.
+    # (update="replicas": no concept measured at the first fit.)
     x, y = _digits()
     data = tf.data.Dataset.from_tensor_slices((x[:64], y[:64])).batch(32)
     backup = str(tmp_path / "backup")
-    written = _model(tf_glp.Strategy(cpu_replicas=2, chunking="none"))
-    written.fit(data, epochs=1, verbose=0, callbacks=[keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False)])
+    written = _model(tf_glp.Strategy(cpu_replicas=2, update="replicas", chunking="none"))
+    written.fit(data, epochs=1, verbose=0,
+                callbacks=[keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False)])
     with pytest.warns(UserWarning, match="the backup was written by 2 replicas, this run trains 4") as seen:
-        _model(tf_glp.Strategy(cpu_replicas=4, chunking="none")).fit(
+        _model(tf_glp.Strategy(cpu_replicas=4, update="replicas", chunking="none")).fit(
             data, epochs=2, verbose=0, callbacks=[keras.callbacks.BackupAndRestore(backup, delete_checkpoint=False)])
     assert sum("the backup was written by" in str(w.message) for w in seen) == 1
     callback = tf_glp.callbacks.BackupAndRestore(backup)
-    callback.set_model(_model(tf_glp.Strategy(cpu_replicas=4, chunking="none", micro_batches=4)))
+    callback.set_model(_model(tf_glp.Strategy(cpu_replicas=4, update="replicas", chunking="none", micro_batches=4)))
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*the backup was written by")
         callback._warn_if_the_replicas_changed(2)  # noqa: SLF001

@@ -65,7 +65,7 @@ def replicas_reason(settings, across_workers: bool) -> str:
     if "TF_GLP_CPU_REPLICAS" in os.environ:
         return f"TF_GLP_CPU_REPLICAS={os.environ['TF_GLP_CPU_REPLICAS']}"
     return ("no GPU and no replica count given: one per worker" if across_workers else
-            "no GPU and no replica count given: 2 to split the micro-batches over")
+            "no GPU and no replica count given: 2, the default for replicas on one machine")
 
 
 def all_gpus(devices) -> bool:

@@ -85,7 +85,7 @@ class Strategy(tf.distribute.Strategy):
             order, so that any replica count dividing M applies the same
             update, bit for bit, as one device running them in turn
             (micro_batches.py). Across workers, every worker's replicas count.
-        cluster_resolver: A ClusterResolver (e.g. SlurmClusterResolver)
+        cluster_resolver: A ClusterResolver (e.g. tf_glp.slurm_cluster())
             to train across workers; without it, TF_CONFIG's cluster when set
             (`python -m tf_glp.launch` sets it). Each worker's host sums its
             replicas; the workers' sums meet in TensorFlow's collective
