@@ -172,3 +172,12 @@ def test_the_ray_example_runs(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Ray Train finished: last checkpoint" in done.stdout and "'epoch': 2" in done.stdout, done.stdout[-3000:]
     assert "on 1 replica x 2 workers (no GPU and no replica count given: one per worker)" in done.stdout
+
+
+def test_ray_checkpoint_outside_ray_train_or_with_a_bad_setting_says_so():
+    import tf_glp  # noqa: PLC0415
+
+    with pytest.raises(RuntimeError, match="cannot be used outside of a Ray Train training function"):
+        tf_glp.callbacks.RayCheckpoint()
+    with pytest.raises(ValueError, match="preemption_check_every must be an integer >= 0 .0: never., got -1"):
+        tf_glp.callbacks.RayCheckpoint(preemption_check_every=-1)
