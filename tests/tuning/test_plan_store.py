@@ -75,6 +75,20 @@ def test_a_cache_that_cannot_be_written_warns_once_and_trains(tmp_path, monkeypa
     assert all(np.all(np.isfinite(w)) for w in weights)
 
 
+def test_the_cache_keeps_the_newest_entries(tmp_path, monkeypatch):
+    monkeypatch.setattr(store, "MAX_ENTRIES", 3)
+    path = str(tmp_path / store.FILE_NAME)
+    monkeypatch.setenv(store.ENVIRONMENT, str(tmp_path))
+    assert store.resolve("auto") == path
+    for model in range(5):
+        store.write_entry(path, {"model": model}, {"choice": "x"}, store.PLANS, lambda e: True, "test")
+    store.write_entry(path, {"model": 9}, {"choice": "y"}, store.EXECUTIONS, lambda e: True, "test")
+    with open(path) as f:
+        sections = json.load(f)
+    assert [e["key"]["model"] for e in sections[store.PLANS]] == [2, 3, 4]
+    assert [e["key"]["model"] for e in sections[store.EXECUTIONS]] == [9]
+
+
 def test_two_writers_at_once_lose_nothing(tmp_path):
     """Two processes add 40 entries each to one file at the same time: the
     file stays readable and holds all 80 (a lock around each

@@ -14,7 +14,8 @@ and tf_glp versions), and an entry whose key differs is never used.
 
 Writers take a lock on a side file and replace the file atomically (a reader
 sees the old file or the new one, never half); a file that cannot be read or
-written gives one warning and a measurement, never an error.
+written gives one warning and a measurement, never an error. A section keeps
+its newest MAX_ENTRIES entries.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ SECTIONS = (PLANS, EXECUTIONS, OPTIMIZER_STEPS)
 # and how it ran.
 MODEL_FIELDS = ("optimizer", "trainable")
 SCHEMA = 3  # 3: the counts measured on the fit's own steps
+# Entries kept per section; past it the oldest go (the cache holds every
+# model, machine and version a user ran, and would otherwise only grow).
+MAX_ENTRIES = 256
 
 _warned: set[str] = set()
 
@@ -176,8 +180,9 @@ def write_entry(path: str, key: dict, entry: dict, section: str, valid, who: str
     """Adds this key's entry ({"key": key, **entry}) to the section of
     `path`, replacing one for the same key (in the cache) or the same model
     (in a file of the user's), keeping the other sections; entries that
-    cannot be read (`valid`) are dropped, a file that cannot be read is
-    replaced whole. A file that cannot be written gives one warning."""
+    cannot be read (`valid`) are dropped, and the oldest past MAX_ENTRIES;
+    a file that cannot be read is replaced whole. A file that cannot be
+    written gives one warning."""
     same = (lambda k: k == key) if path == resolve(AUTO) else (lambda k: _same_model(k, key))
     try:
         with _locked(path):
@@ -191,6 +196,6 @@ def write_entry(path: str, key: dict, entry: dict, section: str, valid, who: str
             entries = [e for e in kept if isinstance(e, dict) and isinstance(e.get("key"), dict) and valid(e)
                        and not same(e["key"])]
             entries.append({"key": key, **entry})
-            write_json(path, {**sections, section: entries})
+            write_json(path, {**sections, section: entries[-MAX_ENTRIES:]})
     except OSError as error:
         _warn_once(f"cannot write the plan {path} ({error}); the next run measures again", who)
