@@ -40,7 +40,7 @@ def _strategy(ms=None, calls=None, devices=None, **settings):
     strategy = tf_glp.Strategy(devices, plan_path=settings.pop("plan_path", None), **settings)
     choice = strategy._choices["execution"]  # noqa: SLF001 (the tests inject the clock and the thresholds)
     # Every way measured in every round (the rules that stop early have tests of their own).
-    choice.min_fit_steps, choice.budget, choice.probe_win, choice.xla_hint = 0, float("inf"), float("inf"), float("inf")
+    choice.budget, choice.probe_win, choice.xla_hint = float("inf"), float("inf"), float("inf")
     choice.rounds = 2
     if ms is not None:
         choice.clock = _clock(ms, calls)
@@ -216,22 +216,20 @@ def test_the_plan_file_is_reused_and_keeps_the_other_sections(tmp_path, capsys):
     assert sections["plans"] == [] and len(sections["executions"]) == 1
 
 
-def test_a_short_fit_is_not_measured():
-    never = []
-    strategy = tf_glp.Strategy(plan_path=None)
-    strategy._choices["execution"].clock = _clock({}, never)  # noqa: SLF001
+def test_a_fit_that_ends_before_the_counts_are_measured_keeps_one_and_the_next_fit_measures():
+    """One epoch of 10 steps: the first call traces, the second times 1, the
+    epoch's last 2 steps are not a round; 4 is never timed."""
+    calls = []
+    strategy = _strategy(FAST_4, calls)
+    strategy._choices["execution"].xla_hint = 0.0  # noqa: SLF001 (XLA not measured)
     with strategy.scope():
         model = _model()
-    _fit(model)
-    assert never == []
-    assert f"fewer than {execution_choice.MIN_FIT_STEPS}" in strategy.explain()
-    choice = strategy._choices["execution"]  # noqa: SLF001
-    choice.min_fit_steps, choice.budget, choice.clock = 0, float("inf"), _clock(FAST_4)  # a long fit next
-    choice.probe_win = choice.xla_hint = float("inf")
-    choice.clock.choice = choice
+    _fit(model, epochs=1)
+    assert [label for label in calls[::2] if label] == ["1"], calls
+    assert "steps_per_execution=1, no XLA: fit ended before the counts were measured" in strategy.explain()
     record = Record()
     _fit(model, [record])
-    assert record.ways == [(4, False)]  # measured at the first fit long enough
+    assert record.ways == [(4, False)]  # measured by the next fit
 
 
 def test_callbacks_that_mind_the_steps_per_call():
@@ -245,26 +243,27 @@ def test_callbacks_that_mind_the_steps_per_call():
 
 def test_the_first_round_weighs_the_rest():
     """Note [Counts on the real steps]: after one round of count 1 and the
-    largest (16), the rest is measured only where it costs less than what 16
-    was seen to save over the rest of the fit; a clear win is taken."""
+    largest (16), the rest is measured only where its rounds cost at most a
+    quarter of what 16 was seen to save over the rest of the fit; else the
+    first round decides for fits as long; a clear win is taken."""
     weigh = execution_choice._weigh  # noqa: SLF001
     choice = tf_glp.Strategy(plan_path=None)._choices["execution"]  # noqa: SLF001
     counts = [1, 4, 16]
-    # 16 saves 0.2 ms per step. The rest: a 0.4 s trace (4), and 4 more rounds in which
-    # 1 and 4 run 16 steps each, at most 0.2 ms per step slower: 0.4 + 0.0256 s.
-    assert weigh(choice, 20_000, 20_000, 1.0, 0.8, 0.4, counts)[0] == "measure"  # saves 4 s
-    verdict, why = weigh(choice, 20_000, 1_000, 1.0, 0.8, 0.4, counts)  # 0.2 s left to save
-    assert verdict == "keep" and "about 0.4 s, more than the about 0.2 s that 16 steps per call" in why, why
-    assert weigh(choice, 20_000, 1_000, 1.0, 0.8, 0.4, [1, 16])[0] == "measure"  # no other trace
-    verdict, why = weigh(choice, 5_000, 5_000, 1.0, 1.1, 0.4, counts)
-    assert verdict == "keep" and "not faster than 1 in a first round (1.10 against 1.00 ms" in why, why
-    verdict, why = weigh(choice, 600, 600, 3.0, 1.0, 0.4, counts)  # a short fit, a clear win
-    assert verdict == "take" and why.startswith("3.00x faster than 1 in a first round, at least 1.5x"), why
+    # 16 saves 0.2 ms per step. 4 more rounds in which 1 and 4 run 16 steps
+    # each, 0.2 ms per step slower: 0.0256 s, at most a quarter of the saving.
+    assert weigh(choice, 20_000, 20_000, 1.0, 0.8, counts) == (None, "", False)  # saves 4 s
+    count, why, final = weigh(choice, 20_000, 400, 1.0, 0.8, counts)  # 0.08 s left to save
+    assert (count, final) == (16, False) and "taken for fits of up to 20000 steps: more rounds would cost " \
+        "about 0.03 s, more than 0.25 of the about 0.08 s it saves over the 400 steps left" in why, why
+    count, why, final = weigh(choice, 5_000, 5_000, 1.0, 0.99, counts)
+    assert (count, final) == (1, False) and "not 1.05x faster than 1 in a first round (0.99 against 1.00 ms" in why
+    count, why, final = weigh(choice, 600, 600, 3.0, 1.0, counts)  # a clear win
+    assert (count, final) == (16, True) and why.startswith("3.00x faster than 1 in a first round, at least 1.5x")
 
 
 def test_the_count_is_switched_within_the_first_epoch_and_trains_bitwise_like_the_count_written_by_hand():
-    """One epoch of 160 steps: 1 and 16 are traced and timed, then 4, then a
-    round of all three (9 calls of 16 steps); the last call runs 16."""
+    """One epoch of 160 steps: one trace, then 1 and 16 are timed, then 4,
+    then a round of all three (7 calls of 16 steps); the last 3 calls run 16."""
     calls = []
     strategy = _strategy({"1": 3.0, "4": 2.0, "16": 1.0}, calls)
     strategy._choices["execution"].xla_hint = 0.0  # noqa: SLF001 (XLA not measured: its rounds would read the clock too)
@@ -289,19 +288,21 @@ def test_a_kept_way_is_remembered_for_fits_as_long_and_a_longer_fit_measures_aga
     with first.scope():
         model = _model()
     _fit(model)
-    assert "measuring further would take about" in first.explain(), first.explain()
+    assert "steps_per_execution=4, no XLA: 3.00x faster than 1 in a first round, taken for fits of up to 40 " \
+        "steps: more rounds would cost about" in first.explain(), first.explain()
     calls = []
     again = _strategy(FAST_4, calls, plan_path=plan)
     with again.scope():
         model = _model()
     record = Record()
     _fit(model, [record])
-    assert calls == [] and record.ways == [(1, False)] and f"reused {plan}" in again.explain()
+    assert calls == [] and record.ways == [(4, False)] and f"reused {plan}" in again.explain()
     longer = _strategy(FAST_4, calls, plan_path=plan)
     with longer.scope():
         model = _model()
     _fit(model, [record], epochs=EPOCHS + 1)
-    assert calls and record.ways[-1] == (4, False)  # measured: 4 wins with the budget lifted
+    assert calls and record.ways[-1] == (4, False)  # measured again, in rounds with the budget lifted
+    assert "4, no XLA: 3.00x faster than 1, beyond the spread" in longer.explain(), longer.explain()
 
 
 def test_a_clear_first_round_is_taken_and_xla_without_consent_only_where_its_compile_is_small():

@@ -47,6 +47,8 @@ INTERNALS = {
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "_get_variable_index"): "a variable's slot index",
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "_use_weight_decay"): "which variables decay",
     ("keras.src.trainers.trainer", "Trainer", "compile"): "patched: jit_compile checks",
+    ("keras.src.backend.tensorflow", "trainer", "reduce_per_replica"):
+        "a step's logs reduced as Keras' train function does (counted_train_function)",
     ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "fit"):
         "patched: batch-size check and the chunking decision",
     ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "make_train_function"):
@@ -335,6 +337,49 @@ def share_kernel(twin, layer) -> None:
 def last_batch_seen(callback) -> int:
     """The last batch a Keras BackupAndRestore saw in this epoch."""
     return callback._last_batch_seen  # noqa: SLF001
+
+
+# -- fit's train function --------------------------------------------------------
+def counted_train_function(model):
+    """fit's train function with the steps per call an argument: Keras' own
+    (TensorFlowTrainer._make_function: each step runs train_step through
+    the strategy, its logs reduced per replica, Optional inputs read as
+    None; a step function of its own, compiled with XLA where the model
+    is) with the count a tensor, so one trace serves every count (not for
+    a model compiled with run_eagerly).
+
+    Returns `function(iterator, count)`, `count` an int32 scalar tensor: it
+    runs at most `count` steps, fewer where the input ends (at least one:
+    an input already ended raises OutOfRangeError, which Keras' epoch loop
+    reads as the end), and returns the last step's logs."""
+    import tensorflow as tf  # noqa: PLC0415
+    from keras.src.backend.tensorflow import trainer  # noqa: PLC0415
+
+    strategy = model.distribute_strategy
+
+    @tf.autograph.experimental.do_not_convert
+    def step(data):
+        return trainer.reduce_per_replica(strategy.run(model.train_step, args=(data,)), strategy, reduction="auto")
+
+    step = tf.function(step, reduce_retracing=True, jit_compile=model.jit_compile)
+
+    def one_step(data):
+        return step(tf.nest.map_structure(lambda leaf: None if isinstance(leaf, tf.experimental.Optional) else leaf,
+                                          data))
+
+    @tf.autograph.experimental.do_not_convert
+    def steps(iterator, count):
+        def more(done, logs):
+            return done < count
+
+        def next_step(done, logs):  # (an input that ended sets done to count: the loop stops)
+            data = iterator.get_next_as_optional()
+            logs = tf.cond(data.has_value(), lambda: one_step(data.get_value()), lambda: logs)
+            return tf.where(data.has_value(), done + 1, count), logs
+
+        return tf.while_loop(more, next_step, (tf.constant(1), one_step(iterator.get_next())))[1]
+
+    return tf.function(steps, reduce_retracing=True)
 
 
 # -- data and strategies --------------------------------------------------------
