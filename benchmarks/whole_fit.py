@@ -16,7 +16,8 @@ the faster plain way.
 
 Models (Adam everywhere; the fits of issue "one start-up tuner"): the tiny
 MLP 64 -> 32 -> 10 (60,000 samples, batch 64, 5 epochs), the quickstart's CNN
-on 8x8x1 (20,000 samples, batch 64, 5 epochs), the wide MLP 1024 -> 4096
+on 8x8x1 (20,000 samples, batch 64, 5 epochs; and "quickstart-script": the
+fit examples/quickstart.py runs, 1,500 samples, 8 epochs), the wide MLP 1024 -> 4096
 -> 4096 -> 10 (8,192 samples, batch 32, 2 epochs) and MobileNetV2 on 32x32x3
 (4,096 samples, batch 32, 2 epochs; with BatchNormalization).
 """
@@ -41,6 +42,7 @@ REPEATS = 3
 WAYS = ["plain", "plain spe=16", "tf_glp cold", "tf_glp warm"]
 # (input shape, samples, batch, epochs)
 MODELS = {"tiny": ((64,), 60_000, 64, 5), "quickstart": ((8, 8, 1), 20_000, 64, 5),
+          "quickstart-script": ((8, 8, 1), 1_500, 64, 8),
           "wide": ((1024,), 8_192, 32, 2), "mobilenet": ((32, 32, 3), 4_096, 32, 2)}
 
 
@@ -48,7 +50,7 @@ def _model(keras, name: str):
     layers = keras.layers
     if name == "tiny":
         return keras.Sequential([keras.Input((64,)), layers.Dense(32, activation="relu"), layers.Dense(10)])
-    if name == "quickstart":
+    if name.startswith("quickstart"):
         return keras.Sequential([
             keras.Input((8, 8, 1)), layers.Conv2D(32, 3, padding="same", activation="relu"),
             layers.Conv2D(64, 3, activation="relu"), layers.Flatten(), layers.Dense(128, activation="relu"),
