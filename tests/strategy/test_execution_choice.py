@@ -274,6 +274,8 @@ def test_the_count_is_switched_within_the_first_epoch_and_trains_bitwise_like_th
     history = model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False)
     assert [label for label in calls[::2] if label] == ["1", "16", "4", "4", "16", "1"], calls
     assert "steps_per_execution=16, no XLA: 3.00x faster than 1" in strategy.explain(), strategy.explain()
+    # One trace for every count, XLA's weighing (before fit, on a copy of the first batch) included.
+    assert strategy._choices["execution"]._models[model].counted.experimental_get_tracing_count() == 1  # noqa: SLF001
     by_hand = _model(steps_per_execution=16)
     assert history.history == by_hand.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False).history
     for mine, theirs in zip(model.variables + model.optimizer.variables,

@@ -382,6 +382,19 @@ def counted_train_function(model):
     return tf.function(steps, reduce_retracing=True)
 
 
+def at_count(counted, count: int):
+    """fit's train function at `count` steps per call, on the trace of
+    `counted` (a counted_train_function)."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    count = tf.constant(count)
+
+    def train_function(iterator):
+        return counted(iterator, count)
+
+    return train_function
+
+
 # -- data and strategies --------------------------------------------------------
 def symbolic_build(model, data_batch) -> None:
     """Builds the model, its compiled metrics and loss and its optimizer as

@@ -394,7 +394,7 @@ class CountRounds(keras.callbacks.Callback):
         self._choice, self._state, self._counts, self._announce = choice, state, counts, announce
         self._largest, self._fit_steps, self._epoch_steps = counts[-1], fit_steps, epoch_steps
         self._times: dict[int, list[float]] = {c: [] for c in counts}
-        self._trace_s: float | None = None
+        self._traced = False  # (the first call traces where the function is new, untimed in any case)
         self._queue = [1, 1]  # (the first call traces the function, the second times count 1)
         self._stage, self._winner, self._done, self._steps = "one", None, 0, 0
 
@@ -405,7 +405,7 @@ class CountRounds(keras.callbacks.Callback):
         self._user_test = model.test_function
         if state.counted is None:
             state.counted = compat.counted_train_function(model)
-        self._at = {c: _at_count(state.counted, c) for c in range(1, self._largest + 1)}
+        self._at = {c: compat.at_count(state.counted, c) for c in range(1, self._largest + 1)}
         model.steps_per_execution, model.train_function, model.test_function = self._largest, self, None
 
     def _way(self, count: int) -> Way:
@@ -430,15 +430,16 @@ class CountRounds(keras.callbacks.Callback):
         if self._winner is not None or steps < self._largest or not self._queue:
             return self._run(self._winner or 1, steps, iterator)
         count = self._queue.pop(0)
-        tracing = self._trace_s is None
+        if not self._traced:
+            self._traced = True
+            logs = self._run(count, steps, iterator)
+            rounds_lib.sync(logs)
+            return logs
         self._choice.current = str(count)
-        start = time.perf_counter() if tracing else self._choice.clock()
+        start = self._choice.clock()
         logs = self._run(count, steps, iterator)
         rounds_lib.sync(logs)
-        if tracing:
-            self._trace_s = time.perf_counter() - start
-        else:
-            self._times[count].append(1e3 * (self._choice.clock() - start) / steps)
+        self._times[count].append(1e3 * (self._choice.clock() - start) / steps)
         self._choice.current = ""
         if not self._queue:
             self._next_stage()
@@ -498,7 +499,7 @@ class CountRounds(keras.callbacks.Callback):
         state.best, state.source, state.final = self._way(count), "measured", not kept
         state.times_ms.update({str(c): ms for c, ms in self._times.items() if ms})
         state.reason = "; ".join([why, *([state.reason] if state.reason else []),
-                                  f"measured on this fit's steps, one trace ({self._trace_s:.1f} s) for every count"])
+                                  "measured on this fit's steps (one trace serves every count)"])
         state.kept_for = (self._fit_steps, state.best) if kept else None
         choice._store(state, {"kept_for_fit_steps": self._fit_steps} if kept else {})
         choice._last = (state, state.best, "")
@@ -519,13 +520,3 @@ class CountRounds(keras.callbacks.Callback):
         del state.functions[state.compiled]
         model.train_function, model.test_function = self._at[1], self._user_test
         model.steps_per_execution = 1
-
-
-def _at_count(counted, count: int):
-    """fit's train function at `count` steps per call, on the trace of `counted`."""
-    count = tf.constant(count)
-
-    def train_function(iterator):
-        return counted(iterator, count)
-
-    return train_function

@@ -34,7 +34,7 @@ def measure(choice, state, model, arguments: dict, batch: int | None, base, xla,
             compat.symbolic_build(model, data)
     if choice.before_measuring is not None:
         choice.before_measuring(model)
-    times, first_s, error = _rounds(model, data, base, xla, choice, state.functions, fit_steps)
+    times, first_s, error = _rounds(model, data, base, xla, choice, state, fit_steps)
     if error:
         return error
     state.times_ms.update(times)
@@ -44,24 +44,30 @@ def measure(choice, state, model, arguments: dict, batch: int | None, base, xla,
             f"{'faster, beyond the spread' if wins else '(not faster beyond the spread)'}, its compile {first_s:.1f} s")
 
 
-def _rounds(model, data, base, xla, choice, kept: dict, fit_steps: int):
+def _rounds(model, data, base, xla, choice, state, fit_steps: int):
     """Times the ways `base` and `xla` (execution_choice.Way) on `data` in
     interleaved rounds of the same steps; returns ({label: [ms per step per
     round]}, XLA's first call in seconds, "") or ({}, 0, why not). Every
     model and optimizer variable ends as it started (each replica's copy),
-    the metrics reset; the base's traced function goes to `kept` (keyed by
-    its way) for the fit."""
+    the metrics reset. The base runs on the fit's own train function (the
+    count an argument: `state.counted`, made here if missing), traced on
+    batches of the fit's element spec (the batch dimension unknown, as
+    Keras' adapters make it), so the fit runs on that trace."""
     optimizer, strategy = model.optimizer, model.distribute_strategy
     compiled = (model.steps_per_execution, model.jit_compile)
     fused = optimizer_step.uses_fused_update(optimizer)
     restore = rounds_lib.variables_kept(strategy, [*model.variables, *optimizer.variables])
-    dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(data).repeat())
+    rows = int(tf.nest.flatten(data)[0].shape[0])
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensors(data).repeat().unbatch().batch(rows))
+    if state.counted is None:
+        state.counted = compat.counted_train_function(model)
     functions, first_s = {}, {}
     try:
         for way in (base, xla):
             start = time.perf_counter()
             try:
-                function, iterator = _traced(model, way, fused, dataset)
+                function, iterator = _traced(model, way, fused, dataset, state.counted)
             except Exception as error:  # noqa: BLE001 (an op XLA lacks, say; the base's error is the user's)
                 if way == base:
                     raise
@@ -90,15 +96,16 @@ def _rounds(model, data, base, xla, choice, kept: dict, fit_steps: int):
         model.steps_per_execution, model.jit_compile = compiled
         optimizer_step.use_fused_update(optimizer, fused)
         if base in functions:
-            kept[base] = (functions[base][0], None)
+            state.functions[base] = (functions[base][0], None)
         model.train_function = None
         restore()
         model.reset_metrics()
 
 
-def _traced(model, way, fused: bool, dataset) -> tuple:
-    """fit's train function for `way` and an iterator over `dataset`, after
-    its first call (the trace; XLA's compile)."""
+def _traced(model, way, fused: bool, dataset, counted) -> tuple:
+    """fit's train function for `way` (without XLA: `counted` at its count;
+    with XLA: Keras' own) and an iterator over `dataset`, after its first
+    call (the trace; XLA's compile)."""
     model.steps_per_execution = way.steps_per_execution
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (Keras warns where a layer does not support XLA: checked below)
@@ -106,7 +113,11 @@ def _traced(model, way, fused: bool, dataset) -> tuple:
     if model.jit_compile != way.xla:
         raise ValueError("a layer of this model does not support XLA (Keras' model_supports_jit)")
     optimizer_step.use_fused_update(model.optimizer, fused and not way.xla)  # (fused ops cannot run in XLA)
-    model.make_train_function(force=True)
-    function, iterator = model.train_function, iter(dataset)
+    if way.xla:
+        model.make_train_function(force=True)
+        function = model.train_function
+    else:
+        function = compat.at_count(counted, way.steps_per_execution)
+    iterator = iter(dataset)
     rounds_lib.sync(function(iterator))
     return function, iterator
