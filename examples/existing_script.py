@@ -8,8 +8,8 @@ lanes only where they measure at least 2x faster than TensorFlow's kernel,
 beyond the spread of the timings; otherwise it keeps TensorFlow's kernel.
 It also times Keras' optimizer update against tf_glp's fused one and keeps
 the one that measures faster beyond the spread.
-The profiler writes glp_plan.json (in the current directory); the next run
-reuses the plan without profiling. Uses scikit-learn's bundled 8x8 digits
+The profiler writes its plan to the user's cache (it prints where); the
+next run reuses the plan without profiling. Uses scikit-learn's bundled 8x8 digits
 (no download).
 
     TF_GLP_EXAMPLE_SMALL=1 python examples/existing_script.py

@@ -76,7 +76,7 @@ def _earlier_objects_frozen():
 def _working_directory(tmp_path, monkeypatch):
     """Every test runs in its own folder, with its own plan cache: what
     tf_glp writes by default (tf_glp.Strategy's plan store, the profiler's
-    glp_plan.json) neither lands in the checkout or the user's cache nor
+    plans) neither lands in the checkout or the user's cache nor
     carries from one test to the next (subprocesses inherit both)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TF_GLP_CACHE_DIR", str(tmp_path / "cache"))

@@ -66,16 +66,20 @@ def test_quickstart_batch_divides_by_three_replicas(tmp_path):
 
 def test_existing_script_profiles_and_trains(tmp_path):
     stdout = _run("existing_script.py", tmp_path)
-    assert "tf_glp concurrency plan (profiled):" in stdout, stdout
+    written = re.search(r"^tf_glp concurrency plan \(profiled, written to (.+)\):$", stdout, re.M)
+    assert written and written.group(1).startswith(os.environ["TF_GLP_CACHE_DIR"]), stdout  # the user's cache
     assert re.search(r"^optimizer step \(Adam\): ", stdout, re.M), stdout
     accuracy = re.search(r"^test accuracy: ([\d.]+)$", stdout, re.M)
     assert accuracy, stdout
     assert 0.3 < float(accuracy.group(1)) <= 1.0, stdout  # 1 epoch on 512 digits; chance is 0.1
 
-    plan = plan_lib.read(str(tmp_path / "glp_plan.json"))  # written in the working directory
+    assert os.listdir(tmp_path) == ["cache"]  # the working directory stays clean (the cache: conftest.py's)
+    plan = plan_lib.read(written.group(1))
     assert [layer.name for layer in plan.layers] == ["conv2d", "conv2d_1", "dense", "dense_1"]
     for layer in plan.layers:
         row = re.search(rf"^{layer.name} .*$", stdout, re.M)  # the printed table shows the plan's choice
         assert row and ("native" if layer.choice is None else f"k={layer.choice}") in row.group().split(), stdout
         if layer.choice is not None:  # the docstring's rule: lanes only where 2x faster than TensorFlow's kernel
             assert 2 * layer.candidate(layer.choice).median_ms <= layer.candidate(None).median_ms, layer
+    again = _run("existing_script.py", tmp_path)  # the next run of the script reuses its plan
+    assert f"tf_glp concurrency plan (reused {written.group(1)}):" in again, again

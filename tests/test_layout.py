@@ -112,8 +112,9 @@ def _string_constants(node) -> set[str]:
 def _concept_string_uses(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
     """Where a concept is used by its name: comparisons (==, !=, in, match)
     with a concept's name as a literal or with a concept's `.name`, a tuple,
-    list or set literal holding concept names, a lookup in a dict literal
-    keyed by them, and setattr of a `concept` attribute by name."""
+    list or set literal holding concept names or concepts' `.name`s (a
+    strategy class serving a name), a lookup in a dict literal keyed by
+    them, and setattr of a `concept` attribute by name."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
@@ -131,6 +132,8 @@ def _concept_string_uses(tree: ast.AST, names: set[str]) -> list[tuple[int, str]
                 found.append((node.pattern.lineno, f"matches {sorted(hit)}"))
         elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             hit = set().union(*(_string_constants(e) for e in node.elts)) & names if node.elts else set()
+            hit |= {ast.unparse(e) for e in node.elts if isinstance(e, ast.Attribute) and e.attr == "name"
+                    and "concept" in ast.unparse(e.value).lower()}
             if hit:
                 found.append((node.lineno, f"lists {sorted(hit)}"))
         elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Dict):
@@ -156,8 +159,8 @@ def test_the_concept_check_finds_what_it_looks_for():
     names = {"host", "replicas"}
     source = ("a == 'host'\nb in ('x', 'replicas')\n{'host': 1}[c]\nmatch d:\n    case 'replicas': pass\n"
               "e == 'auto'\nf.concept.name == g\nKINDS = ['host', 'x']\nsetattr(h, 'concept', i)\n"
-              "j.name == k\n")
-    assert sorted({line for line, _ in _concept_string_uses(ast.parse(source), names)}) == [1, 2, 3, 5, 7, 8, 9]
+              "j.name == k\nclass A(B, serves=(concepts.HOST.name,)): pass\nl = (m.name,)\n")
+    assert sorted({line for line, _ in _concept_string_uses(ast.parse(source), names)}) == [1, 2, 3, 5, 7, 8, 9, 11]
 
 
 def test_one_file_per_strategy_and_a_small_base():

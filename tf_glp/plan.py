@@ -1,4 +1,4 @@
-"""`python -m tf_glp.plan show glp_plan.json`: the plan's command line at
+"""`python -m tf_glp.plan show PLAN.json`: the plan's command line at
 its documented name. The module is tf_glp.profiling.plan; importing
 tf_glp.plan gives that same module."""
 

@@ -514,3 +514,21 @@ def test_steps_per_execution_and_initial_epoch(fit_arguments, tmp_path):
                                                        batch_size=32)])
     assert np.all(np.isfinite(history.history["loss"]))
     assert len(history.history["loss"]) == 2 - fit_arguments.get("initial_epoch", 0)
+
+
+def test_the_default_plan_is_the_models_file_in_the_cache_and_an_unwritable_cache_only_warns(tmp_path, monkeypatch):
+    callback = ConcurrencyProfiler(trials=1, verbose=0, batch_size=32)
+    _train(_sequential, [callback], epochs=1)
+    cache = os.path.join(os.environ["TF_GLP_CACHE_DIR"], "layer_plans")
+    assert os.listdir(cache) == [os.path.basename(callback.plan_file)] and not callback.reused
+    again = ConcurrencyProfiler(trials=1, verbose=0, batch_size=32)
+    _train(_sequential, [again], epochs=1)
+    assert again.reused and again.plan_file == callback.plan_file
+    other = ConcurrencyProfiler(trials=1, verbose=0, batch_size=16)  # another batch: another file
+    _train(_sequential, [other], epochs=1)
+    assert len(os.listdir(cache)) == 2 and not other.reused
+    (tmp_path / "not_a_folder").write_text("")
+    monkeypatch.setenv("TF_GLP_CACHE_DIR", str(tmp_path / "not_a_folder"))
+    with pytest.warns(UserWarning, match="cannot write the plan .*not_a_folder.*the next run profiles again"):
+        _, loss = _train(_sequential, [ConcurrencyProfiler(trials=1, verbose=0, batch_size=32)], epochs=1)
+    assert np.isfinite(loss).all()

@@ -33,7 +33,7 @@ def test_every_concept_says_what_it_is_and_what_it_moves():
 def test_the_factory_has_a_class_for_every_placement_and_setting():
     for placement in (devices.ONE_DEVICE, devices.ONE_MACHINE, devices.WORKERS):
         for setting in concepts.SETTINGS:
-            cls = Strategy._classes[(placement, setting)]
+            cls = Strategy._classes[(placement, concepts.served(setting))]
             assert issubclass(cls, Strategy) and cls.__module__.endswith("_strategy"), (placement, setting)
     public = {name for name in tf_glp.strategy.__all__ if name.endswith("Strategy")}
     assert public == {cls.__name__ for cls in Strategy._classes.values()} | {"Strategy"}

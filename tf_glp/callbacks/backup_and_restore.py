@@ -39,6 +39,7 @@ import keras
 import numpy as np
 
 from tf_glp._keras import compat
+from tf_glp.tuning import store
 
 METADATA = "training_metadata.json"
 
@@ -177,7 +178,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             self.model.save_weights(partial, overwrite=True)
             weights_bytes = os.path.getsize(partial)
             os.replace(partial, os.path.join(folder, name))
-            _write_atomically(os.path.join(folder, METADATA),
+            store.write_json(os.path.join(folder, METADATA),
                               {"epoch": self._epoch, "batch": compat.last_batch_seen(self),
                                "batches_done": self._batches_done, "weights": name,
                                # (a copy of the backup is whole when its weights file has this size)
@@ -209,11 +210,3 @@ def _state_not_in_weights(model) -> list:
     saved = {id(v) for v in model.weights}
     return [v for v in model.variables if id(v) not in saved]
 
-
-def _write_atomically(path: str, content: dict) -> None:
-    partial = f"{path}.partial-{os.getpid()}"
-    with open(partial, "w") as f:
-        json.dump(content, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)

@@ -21,9 +21,10 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
 
     Add it to an existing `model.fit(...)`; nothing else changes. Eligible
     plain Keras layers become their tf_glp twins in place (same objects,
-    same variables). A plan file written after profiling is reused by later
-    runs with the same model, batch size, device and versions, without
-    profiling; any other plan is ignored with a warning.
+    same variables). The plan written after profiling (by default in the
+    user's cache, one file per model) is reused by later runs with the same
+    model, batch size, device and versions, without profiling; any other
+    plan is ignored with a warning.
 
     Args:
         candidates: "auto" (lane counts up to the analytical cap, see
@@ -31,8 +32,10 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
             Default "auto".
         trials: Timed runs per candidate (after 1 untimed one); the median
             counts. Default 5.
-        plan_path: Where the plan is read from and written to (None: neither).
-            Default "glp_plan.json".
+        plan_path: Where the plan is read from and written to: "auto", the
+            model's file in the user's cache (`~/.cache/tf_glp/layer_plans`,
+            or under `$TF_GLP_CACHE_DIR`; the path is printed, and kept in
+            `plan_file`); a path; None, neither. Default "auto".
         log_dir: If set, TensorBoard summaries: the table as text, a
             per-layer chart as an image, the chosen levels as scalars.
             Default None.
@@ -58,7 +61,7 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         ...           callbacks=[tf_glp.callbacks.ConcurrencyProfiler(batch_size=64)])
     """
 
-    def __init__(self, candidates="auto", trials: int = 5, plan_path: str | None = "glp_plan.json",
+    def __init__(self, candidates="auto", trials: int = 5, plan_path: str | None = "auto",
                  log_dir: str | None = None, convert: bool = True, verbose: int = 1,
                  batch_size: int | None = None, strip_path: str | None = None, optimizer_step: bool = True):
         super().__init__()
@@ -86,6 +89,7 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         self.optimizer_step = optimizer_step
         self._step: dict | None = None
         self.plan: plan_lib.Plan | None = None
+        self.plan_file: str | None = None  # the file plan_path names for this model
         self.reused = False
         self._writes = True
 
@@ -117,7 +121,7 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         # chief's choices (agree_with_the_chief).
         extended = self.model.distribute_strategy.extended
         self._writes = getattr(extended, "should_checkpoint", True)
-        self.plan, self.reused = profiler.load_or_profile(
+        self.plan, self.reused, self.plan_file = profiler.load_or_profile(
             layers, self._replica_batch(), self.plan_path, self.candidates, self.trials, self.verbose,
             write=self._writes, left_alone=left_alone)
         if hasattr(extended, "agree_with_the_chief"):
@@ -132,7 +136,8 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
             self.model.make_test_function(force=True)
             self.model.make_predict_function(force=True)
         if self.verbose:
-            source = f"reused {self.plan_path}" if self.reused else "profiled"
+            source = (f"reused {self.plan_file}" if self.reused
+                      else f"profiled, written to {self.plan_file}" if self.plan_file and self._writes else "profiled")
             print(f"tf_glp concurrency plan ({source}):\n{plan_lib.table(self.plan)}")
         if self.log_dir:
             write_summaries(self.plan, self.log_dir)
@@ -153,8 +158,8 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
             self._step = optimizer_step.record(optimizer, native, fused, self.model.trainable_variables)
             if self.plan is not None:
                 self.plan.optimizer = self._step
-                if self.plan_path and self._writes:
-                    plan_lib.write(self.plan, self.plan_path)
+                if self.plan_file and self._writes:
+                    profiler.write_plan(self.plan, self.plan_file)
         fused = self._step["choice"] == "fused"
         if fused == optimizer_step.uses_fused_update(optimizer):
             return False
@@ -178,8 +183,8 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         if explain is None or self.plan.notes == [explain()]:
             return False
         self.plan.notes = [explain()]
-        if self.plan_path and self._writes:
-            plan_lib.write(self.plan, self.plan_path)
+        if self.plan_file and self._writes:
+            profiler.write_plan(self.plan, self.plan_file)
         return True
 
     def on_train_end(self, logs=None):

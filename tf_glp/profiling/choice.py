@@ -4,9 +4,8 @@ clearly faster). Pure Python, no TensorFlow: testable on made-up timings."""
 
 from __future__ import annotations
 
-import statistics
-
 from tf_glp.profiling import plan as plan_lib
+from tf_glp.tuning import rule
 
 # A lane count replaces TensorFlow's kernel only if it measured at least this
 # much faster alone. A layer timed alone is not the layer inside a training
@@ -19,10 +18,8 @@ MIN_SPEEDUP = 2.0
 
 def spread(times: list[float]) -> float:
     """The interquartile range of the timed trials (0 for one trial)."""
-    if len(times) < 2:
-        return 0.0
-    quartiles = statistics.quantiles(times, n=4)
-    return quartiles[2] - quartiles[0]
+    low, _, high = rule.quartiles(times)
+    return high - low
 
 
 def within_spread(a: plan_lib.Candidate, b: plan_lib.Candidate) -> bool:

@@ -1,6 +1,9 @@
 """The concurrency plan: what the start-up profiler measured and chose, per layer.
 
-    python -m tf_glp.plan show glp_plan.json [--plot out.png]
+    python -m tf_glp.plan show PLAN.json [--plot out.png]
+
+(ConcurrencyProfiler prints where it wrote the plan: by default a file in
+the user's cache, tf_glp/tuning/store.py.)
 
 A plan is JSON: a header that decides whether it can be reused (schema,
 tf_glp and TensorFlow versions, device, CPU instruction set, batch size) and

@@ -28,6 +28,7 @@ from tf_glp.layers import as_glp_layer, is_eligible, why_not_eligible
 from tf_glp.profiling import choice as choice_rule
 from tf_glp.profiling import concurrency_model, device_facts, timing
 from tf_glp.profiling import plan as plan_lib
+from tf_glp.tuning import store
 
 
 def plan_header(batch_size: int, candidates="auto") -> dict:
@@ -154,13 +155,17 @@ def layers_to_profile(model: keras.Model, convert: bool) -> tuple[list[keras.lay
 
 
 def load_or_profile(layers, batch: int, plan_path: str | None, candidates="auto", trials: int = 5,
-                    verbose: int = 1, write: bool = True, left_alone=()) -> tuple[plan_lib.Plan, bool]:
+                    verbose: int = 1, write: bool = True, left_alone=()) -> tuple[plan_lib.Plan, bool, str | None]:
     """The plan for `layers` at `batch`: the file's if it matches this run
     (same header and layers), else a new profile, written atomically (if
-    `write`). `left_alone` (see layers_to_profile) is recorded in the plan
-    as this run found it. Returns (plan, reused)."""
+    `write`). `plan_path` "auto": this model's file in the user's cache
+    (tuning/store.py). `left_alone` (see layers_to_profile) is recorded in
+    the plan as this run found it. Returns (plan, reused, the file)."""
     header = plan_header(batch, candidates)
     described = [(type(layer).__name__, *layer_input(layer, batch), layer_config(layer)) for layer in layers]
+    cached = plan_path == store.AUTO
+    if cached:
+        plan_path = store.keyed_file(store.LAYER_PLANS, [header, described])
     if plan_path and os.path.exists(plan_path):
         try:
             stored = plan_lib.read(plan_path)
@@ -170,14 +175,25 @@ def load_or_profile(layers, batch: int, plan_path: str | None, candidates="auto"
             why = stored.mismatch(header, described)
             if why is None:
                 stored.left_alone = list(left_alone)
-                return stored, True
+                return stored, True, plan_path
             warnings.warn(f"tf_glp: the plan {plan_path} is for another run ({why}); profiling again", stacklevel=3)
     bar = keras.utils.Progbar(timing.WARMUP + trials, unit_name="round") if verbose else None
     plan = profile_layers(layers, batch, header, candidates, trials, progress=bar.add if bar else None)
     plan.left_alone = list(left_alone)
     if plan_path and write:
-        plan_lib.write(plan, plan_path)
-    return plan, False
+        write_plan(plan, plan_path)
+        if cached:
+            store.prune(store.LAYER_PLANS)
+    return plan, False, plan_path
+
+
+def write_plan(plan: plan_lib.Plan, path: str) -> None:
+    """Writes the plan (atomically); a file that cannot be written gives a
+    warning, not an error: training goes on, the next run profiles again."""
+    try:
+        plan_lib.write(plan, path)
+    except OSError as error:
+        warnings.warn(f"tf_glp: cannot write the plan {path} ({error}); the next run profiles again", stacklevel=3)
 
 
 def apply_plan(layers, plan: plan_lib.Plan) -> bool:
@@ -212,7 +228,8 @@ def profile(model: keras.Model, sample_batch, candidates="auto", trials: int = 5
         trials: Timed runs per candidate (after 1 untimed one); the median
             counts. Defaults to `5`.
         plan_path: Where a matching plan is read from, and a new one written
-            to (None: neither). Defaults to `None`.
+            to ("auto": the model's file in the user's cache, as
+            ConcurrencyProfiler; None: neither). Defaults to `None`.
         convert: Also profile plain keras.layers.Conv2D / Dense (False: only
             layers that are already tf_glp layers). Defaults to `True`.
         verbose: 0 silent; 1 a progress bar while profiling. Defaults to `0`.
@@ -227,5 +244,4 @@ def profile(model: keras.Model, sample_batch, candidates="auto", trials: int = 5
     first = tf.nest.flatten(sample_batch)[0]
     batch = int(np.shape(first)[0])
     layers, left_alone = layers_to_profile(model, convert)
-    plan, _ = load_or_profile(layers, batch, plan_path, candidates, trials, verbose, left_alone=left_alone)
-    return plan
+    return load_or_profile(layers, batch, plan_path, candidates, trials, verbose, left_alone=left_alone)[0]

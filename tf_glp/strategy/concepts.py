@@ -161,8 +161,11 @@ class AllReduceConcept(UpdateConcept):
 HOST, REPLICAS, ALL_REDUCE = HostConcept(), ReplicasConcept(), AllReduceConcept()
 CONCEPTS: dict[str, UpdateConcept] = {c.name: c for c in (HOST, REPLICAS, ALL_REDUCE)}
 DEFAULT = HOST  # what update="auto" keeps unless another wins, and runs where it cannot measure
-# The values `update=` accepts.
-SETTINGS = tuple(name for name, concept in CONCEPTS.items() if concept.settable) + (AUTO,)
+# What `update=` can ask for: a settable concept, or AUTO (measured); and
+# the values `update=` accepts, in the same order. Strategy classes serve
+# the former (strategy.py's factory).
+SERVED = tuple(concept for concept in CONCEPTS.values() if concept.settable) + (AUTO,)
+SETTINGS = tuple(served if served == AUTO else served.name for served in SERVED)
 
 
 def get(name: str) -> UpdateConcept:
@@ -182,6 +185,16 @@ def check_setting(update) -> None:
 def is_measured(update: str) -> bool:
     """Whether the setting leaves the concept to measurement (update="auto")."""
     return update == AUTO
+
+
+def served(update: str):
+    """What the setting asks for: its concept, or AUTO (of SERVED)."""
+    return SERVED[SETTINGS.index(update)]
+
+
+def setting(served_: UpdateConcept | str) -> str:
+    """The setting that asks for `served_` (of SERVED)."""
+    return SETTINGS[SERVED.index(served_)]
 
 
 def for_setting(update: str) -> UpdateConcept:

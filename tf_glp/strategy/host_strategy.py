@@ -17,7 +17,7 @@ from tf_glp.strategy.strategy import HOST_DEVICE, ONE_MACHINE, Strategy
 
 
 class HostStrategy(Strategy, tf.distribute.MirroredStrategy, placement=ONE_MACHINE,
-                   serves=(concepts.HOST.name,)):
+                   serves=(concepts.HOST,)):
     """tf_glp.Strategy with update="host" (see Strategy)."""
 
     def _init_distribution(self) -> None:

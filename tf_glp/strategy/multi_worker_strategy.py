@@ -199,7 +199,7 @@ class MultiWorkerKerasFixes:
 
 
 class MultiWorkerReplicaStrategy(MultiWorkerKerasFixes, Strategy, tf.distribute.MultiWorkerMirroredStrategy,
-                                 placement=WORKERS, serves=(concepts.REPLICAS.name,)):
+                                 placement=WORKERS, serves=(concepts.REPLICAS,)):
     """tf_glp.Strategy with update="replicas" across workers (see the module
     docstring).
 
@@ -215,7 +215,7 @@ class MultiWorkerReplicaStrategy(MultiWorkerKerasFixes, Strategy, tf.distribute.
 
 
 class MultiWorkerHostStrategy(MultiWorkerReplicaStrategy, placement=WORKERS,
-                              serves=(concepts.HOST.name, concepts.AUTO)):
+                              serves=(concepts.HOST, concepts.AUTO)):
     """tf_glp.Strategy with update="host" across workers (see the module
     docstring): every worker's host holds the optimizer state and applies
     the same update from the cross-worker sums to its host copies.

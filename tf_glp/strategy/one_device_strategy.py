@@ -132,7 +132,7 @@ class OptimizerStepDecision(keras.callbacks.Callback):
 
 
 class SingleDeviceStrategy(Strategy, tf.distribute.OneDeviceStrategy, placement=ONE_DEVICE,
-                           serves=concepts.SETTINGS):
+                           serves=concepts.SERVED):
     """tf_glp.Strategy on one device: `tf_glp.Strategy()` on a machine
     without GPUs (see the module docstring). Plain Keras' path, with
     tf_glp's fused optimizer update where it measures faster at the start

@@ -14,7 +14,7 @@ _MirroredStrategy = tf.distribute.MirroredStrategy  # as imported (a test replac
 
 
 class ReplicaStrategy(Strategy, tf.distribute.MirroredStrategy, placement=ONE_MACHINE,
-                      serves=(concepts.REPLICAS.name,)):
+                      serves=(concepts.REPLICAS,)):
     """tf_glp.Strategy with update="replicas" (see Strategy)."""
 
     def _init_distribution(self) -> None:

@@ -114,22 +114,23 @@ class Strategy(tf.distribute.Strategy):
         >>> print(strategy.explain())
     """
 
-    _classes: dict[tuple[str, str], type] = {}  # (placement, update setting) -> class: their declarations
+    _classes: dict[tuple, type] = {}  # (placement, concept or concepts.AUTO) -> class: their declarations
     # Mark tf_glp strategies, and the one-device one, for the patches
     # (tf_glp/_keras/patches.py, which must not import this module).
     _is_tf_glp_strategy = True
     _is_one_device = False
-    _implied_update: str | None = None  # the update a class constructed directly runs
+    _implied_update: str | None = None  # the setting a class constructed directly runs
     _measures_concept = False  # update="auto" measures the concept (AutoStrategy)
 
-    def __init_subclass__(cls, placement: str | None = None, serves: tuple[str, ...] = (), **kwargs):
-        """A strategy class declares where it trains and which `update=`
-        settings it serves; the factory picks it from there."""
+    def __init_subclass__(cls, placement: str | None = None, serves: tuple = (), **kwargs):
+        """A strategy class declares where it trains and what `update=` can
+        ask of it (concepts.SERVED: concepts, or concepts.AUTO); the factory
+        picks it from there."""
         super().__init_subclass__(**kwargs)
-        for update in serves:
-            Strategy._classes[(placement, update)] = cls
+        for served in serves:
+            Strategy._classes[(placement, served)] = cls
         if serves:
-            cls._implied_update = None if set(serves) == set(concepts.SETTINGS) else serves[0]
+            cls._implied_update = None if set(serves) == set(concepts.SERVED) else concepts.setting(serves[0])
 
     def __new__(cls, devices=None, *, update: str = Settings.update, chunking=Settings.chunking,
                 compression=Settings.compression, cpu_replicas=Settings.cpu_replicas,
@@ -145,7 +146,7 @@ class Strategy(tf.distribute.Strategy):
                             cpu_replicas=cpu_replicas, cluster_resolver=cluster_resolver,
                             micro_batches=micro_batches, plan_path=plan_path, allow_xla=allow_xla)
         if cls is Strategy:
-            cls = Strategy._classes[(devices_lib.placement(settings), settings.update)]
+            cls = Strategy._classes[(devices_lib.placement(settings), concepts.served(settings.update))]
         strategy = object.__new__(cls)
         strategy.settings = settings
         return strategy

@@ -16,12 +16,18 @@ Writers take a lock on a side file and replace the file atomically (a reader
 sees the old file or the new one, never half); a file that cannot be read or
 written gives one warning and a measurement, never an error. A section keeps
 its newest MAX_ENTRIES entries.
+
+The start-up profiler's plans (tf_glp/profiling/plan.py: a file a user can
+read with `python -m tf_glp.plan show`) are files of their own in the cache's
+LAYER_PLANS folder, one per model and run (keyed_file), the newest
+MAX_ENTRIES kept.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import platform
@@ -31,6 +37,7 @@ import warnings
 AUTO = "auto"
 ENVIRONMENT = "TF_GLP_CACHE_DIR"
 FILE_NAME = "strategy_plans.json"
+LAYER_PLANS = "layer_plans"
 # The sections, one per start-up choice (update_choice.py, execution_choice.py,
 # one_device_strategy.py).
 PLANS, EXECUTIONS, OPTIMIZER_STEPS = "plans", "executions", "optimizer_steps"
@@ -59,6 +66,22 @@ def resolve(plan_path: str | None) -> str | None:
     return os.path.join(cache_dir(), FILE_NAME) if plan_path == AUTO else plan_path
 
 
+def keyed_file(folder: str, key) -> str:
+    """The cache's file for `key` (anything JSON can write) in `folder`."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return os.path.join(cache_dir(), folder, f"{digest}.json")
+
+
+def prune(folder: str) -> None:
+    """Keeps the newest MAX_ENTRIES files of the cache's `folder`."""
+    path = os.path.join(cache_dir(), folder)
+    with contextlib.suppress(OSError):
+        files = sorted((os.path.join(path, name) for name in os.listdir(path) if name.endswith(".json")),
+                       key=os.path.getmtime)
+        for old in files[:-MAX_ENTRIES]:
+            os.unlink(old)
+
+
 def machine() -> dict:
     """The key fields of the machine and versions an entry was measured on."""
     import keras  # noqa: PLC0415 (the package imports this module first)
@@ -83,7 +106,7 @@ def write_json(path: str, data) -> None:
     file or the new one, never half)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=".glp_plan.", suffix=".tmp", dir=directory)
+    handle, temporary = tempfile.mkstemp(prefix=".tf_glp.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(handle, "w") as f:
             json.dump(data, f, indent=1)
