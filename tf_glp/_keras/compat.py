@@ -345,13 +345,16 @@ def counted_train_function(model):
     (TensorFlowTrainer._make_function: each step runs train_step through
     the strategy, its logs reduced per replica, Optional inputs read as
     None; a step function of its own, compiled with XLA where the model
-    is) with the count a tensor, so one trace serves every count (not for
-    a model compiled with run_eagerly).
+    is; the steps in a while loop that carries the last logs as an
+    Optional, whose element spec Keras sets where the step traces) with the
+    count a tensor, so one trace serves every count (not for a model
+    compiled with run_eagerly). The step is in the graph once, as in Keras'
+    own multi-step function.
 
     Returns `function(iterator, count)`, `count` an int32 scalar tensor: it
-    runs at most `count` steps, fewer where the input ends (at least one:
-    an input already ended raises OutOfRangeError, which Keras' epoch loop
-    reads as the end), and returns the last step's logs."""
+    runs at most `count` steps, fewer where the input ends, and returns
+    the last step's logs as an Optional (empty: the input had ended);
+    at_count makes fit's train function of it."""
     import tensorflow as tf  # noqa: PLC0415
     from keras.src.backend.tensorflow import trainer  # noqa: PLC0415
 
@@ -363,34 +366,49 @@ def counted_train_function(model):
 
     step = tf.function(step, reduce_retracing=True, jit_compile=model.jit_compile)
 
-    def one_step(data):
-        return step(tf.nest.map_structure(lambda leaf: None if isinstance(leaf, tf.experimental.Optional) else leaf,
-                                          data))
-
     @tf.autograph.experimental.do_not_convert
     def steps(iterator, count):
-        def more(done, logs):
-            return done < count
+        empty = tf.experimental.Optional.empty(None)  # (its element spec: set where the step traces)
 
-        def next_step(done, logs):  # (an input that ended sets done to count: the loop stops)
-            data = iterator.get_next_as_optional()
-            logs = tf.cond(data.has_value(), lambda: one_step(data.get_value()), lambda: logs)
-            return tf.where(data.has_value(), done + 1, count), logs
+        def more(done, logs, data):
+            return tf.logical_and(done < count, data.has_value())
 
-        return tf.while_loop(more, next_step, (tf.constant(1), one_step(iterator.get_next())))[1]
+        def next_step(done, logs, data):
+            def run():
+                ran = tf.experimental.Optional.from_value(step(tf.nest.map_structure(
+                    lambda leaf: None if isinstance(leaf, tf.experimental.Optional) else leaf, data.get_value())))
+                empty._element_spec = ran.element_spec  # noqa: SLF001
+                return ran
+
+            def keep():
+                logs._element_spec = empty._element_spec  # noqa: SLF001
+                return logs
+
+            logs = tf.cond(tf.logical_and(done < count, data.has_value()), run, keep)
+            # (the next batch is read only where another step will run: none is lost between calls)
+            data = tf.cond(done + 1 < count, iterator.get_next_as_optional, lambda: data)
+            return done + 1, logs, data
+
+        _, logs, _ = tf.while_loop(more, next_step, [tf.constant(0), empty, iterator.get_next_as_optional()])
+        logs._element_spec = empty.element_spec  # noqa: SLF001
+        return logs
 
     return tf.function(steps, reduce_retracing=True)
 
 
 def at_count(counted, count: int):
     """fit's train function at `count` steps per call, on the trace of
-    `counted` (a counted_train_function)."""
+    `counted` (a counted_train_function); like Keras' own, it raises
+    StopIteration where the input had ended."""
     import tensorflow as tf  # noqa: PLC0415
 
     count = tf.constant(count)
 
     def train_function(iterator):
-        return counted(iterator, count)
+        logs = counted(iterator, count)
+        if not logs.has_value():
+            raise StopIteration
+        return logs.get_value()
 
     return train_function
 

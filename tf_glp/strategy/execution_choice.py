@@ -10,9 +10,10 @@ so it is measured, named, and used only where the user allows it (with
 replicas it is refused: tf_glp's host ops run outside it, no_xla.py).
 
 The counts (1, 4 and 16, at most the epoch's steps) are measured on the
-user's own training steps with one train function that takes the count as
-an argument (Note [Counts on the real steps]): the measurement costs no
-trace, only the steps run at the slower counts. XLA changes the numbers: it is
+user's own training steps, 4 and 16 with one train function that takes the
+count as an argument (Note [Counts on the real steps]): the measurement
+costs one trace, where count 1's step is short, and the steps run at the
+slower counts. XLA changes the numbers: it is
 timed on a scratch copy before fit (xla_rounds.py). A way wins with the
 kit's rule (tuning/rule.py, COUNT_GAIN).
 
@@ -347,19 +348,21 @@ class PutBack(keras.callbacks.Callback):
 # fit's own steps. Keras' epoch loop calls fit's train function every
 # `largest` steps; that function is CountRounds, which runs each call's steps
 # as `largest / c` calls at count c (an epoch's shorter last call at count
-# 1), so every call advances the fit alike. One train function takes the
-# count as an argument (compat.counted_train_function): it is traced once,
-# at its first call, as Keras' own would be, and every count runs on that
-# trace, so measuring costs only the steps run at slower counts. Count 1 is
-# timed first (a step of LONG_STEP_S or more keeps 1: no dispatch worth
-# removing), then the largest. What that round shows the largest saving over
-# the rest of the fit is weighed against what the rounds still to run cost:
-# above choice.budget times the saving, the first round decides for this fit (the largest where it was COUNT_GAIN
-# faster, else 1; a longer fit measures again); choice.probe_win or more
-# faster, the largest is taken; else all run interleaved rounds and the
-# kit's rule picks. The winner runs from the next call and is kept for the
-# next fit. The weights are count 1's (tested bitwise against the count by
-# hand).
+# 1), so every call advances the fit alike. Count 1 runs on Keras' own
+# function, traced at its first call as plain Keras' would be, and is timed
+# first: a step of LONG_STEP_S or more keeps 1 (no dispatch worth removing;
+# nothing more is traced). Else the other counts run on one function that
+# takes the count as an argument (compat.counted_train_function), traced
+# once, at its first call (not timed), so that 4 and 16 cost one trace
+# together and the rounds after it only the steps run at slower counts. The
+# largest is timed next. What that round shows the largest saving over the
+# rest of the fit is weighed against what the rounds still to run cost:
+# above choice.budget times the saving, the first round decides for fits as
+# long (the largest where it was COUNT_GAIN faster, else 1; a longer fit
+# measures again); choice.probe_win or more faster, the largest is taken;
+# else all run interleaved rounds and the kit's rule picks. The winner runs
+# from the next call and is kept for the next fit. The weights are count
+# 1's (tested bitwise against the count by hand).
 def _weigh(choice: ExecutionChoice, fit_steps: int, rest_steps: int, one_ms: float, largest_ms: float,
            counts: list[int]) -> tuple[int | None, str, bool]:
     """After count 1's and the largest's first round (see the note above):
@@ -394,8 +397,9 @@ class CountRounds(keras.callbacks.Callback):
         self._choice, self._state, self._counts, self._announce = choice, state, counts, announce
         self._largest, self._fit_steps, self._epoch_steps = counts[-1], fit_steps, epoch_steps
         self._times: dict[int, list[float]] = {c: [] for c in counts}
-        self._traced = False  # (the first call traces where the function is new, untimed in any case)
-        self._queue = [1, 1]  # (the first call traces the function, the second times count 1)
+        self._at: dict[int, object] = {}  # count -> its function (count 1: Keras' own)
+        self._called: set[int] = set()  # counts whose function has run (a new one traces: untimed)
+        self._queue = [1]
         self._stage, self._winner, self._done, self._steps = "one", None, 0, 0
 
     def on_train_begin(self, logs=None):
@@ -403,10 +407,26 @@ class CountRounds(keras.callbacks.Callback):
         if self._choice.before_measuring is not None:  # (the optimizer step is read where the function traces)
             self._choice.before_measuring(model)
         self._user_test = model.test_function
-        if state.counted is None:
-            state.counted = compat.counted_train_function(model)
-        self._at = {c: compat.at_count(state.counted, c) for c in range(1, self._largest + 1)}
+        # (Keras' own: XLA's weighing traced it on the first batch, or fit made it, untraced)
+        self._at[1] = state.functions.pop(self._way(1), (None, None))[0] or model.train_function
         model.steps_per_execution, model.train_function, model.test_function = self._largest, self, None
+
+    def _function(self, count: int):
+        """Count's function: count 1 Keras' own, the others the counted one
+        (made at the first count above 1: its trace is paid only where count
+        1's step was short)."""
+        if count not in self._at:
+            if self._state.counted is None:
+                self._state.counted = compat.counted_train_function(self.model)
+            self._at[count] = compat.at_count(self._state.counted, count)
+        return self._at[count]
+
+    def _new(self, count: int) -> bool:
+        """Whether count's function has not run yet (its first call traces)."""
+        if count == 1:
+            return 1 not in self._called
+        counted = self._state.counted
+        return counted is None or counted.experimental_get_tracing_count() == 0
 
     def _way(self, count: int) -> Way:
         return Way(count, self._state.compiled.xla)
@@ -430,8 +450,8 @@ class CountRounds(keras.callbacks.Callback):
         if self._winner is not None or steps < self._largest or not self._queue:
             return self._run(self._winner or 1, steps, iterator)
         count = self._queue.pop(0)
-        if not self._traced:
-            self._traced = True
+        if self._new(count):  # (a trace: run, not timed, and queued again)
+            self._queue.insert(0, count)
             logs = self._run(count, steps, iterator)
             rounds_lib.sync(logs)
             return logs
@@ -447,14 +467,19 @@ class CountRounds(keras.callbacks.Callback):
 
     def _run(self, count: int, steps: int, iterator):
         """Runs `steps` steps, `count` per call (the rest in one call)."""
-        logs = None
+        logs, model = None, self.model
         try:
             for calls, c in ((steps // count, count), (1 if steps % count else 0, steps % count)):
+                if calls:
+                    function, model.steps_per_execution = self._function(c), c  # (Keras' reads it where it traces)
+                    self._called.add(c)
                 for _ in range(calls):
-                    logs = self._at[c](iterator)
+                    logs = function(iterator)
         except (StopIteration, tf.errors.OutOfRangeError):  # the input ended: what ran is this call's (Keras' own multi-step call does so)
             if logs is None:
                 raise
+        finally:
+            model.steps_per_execution = self._largest
         return logs
 
     def _next_stage(self) -> None:
@@ -499,7 +524,7 @@ class CountRounds(keras.callbacks.Callback):
         state.best, state.source, state.final = self._way(count), "measured", not kept
         state.times_ms.update({str(c): ms for c, ms in self._times.items() if ms})
         state.reason = "; ".join([why, *([state.reason] if state.reason else []),
-                                  "measured on this fit's steps (one trace serves every count)"])
+                                  "measured on this fit's steps (one trace serves every count above 1)"])
         state.kept_for = (self._fit_steps, state.best) if kept else None
         choice._store(state, {"kept_for_fit_steps": self._fit_steps} if kept else {})
         choice._last = (state, state.best, "")
@@ -514,9 +539,10 @@ class CountRounds(keras.callbacks.Callback):
         model, state = self.model, self._state
         if self._winner is None:  # (stopped early)
             self._unmeasured()
-        for count in self._counts:
-            state.functions[self._way(count)] = (self._at[count], None)
-        state.functions[self._way(self._largest)] = (self._at[self._largest], model.test_function)
+        for count in self._counts if state.counted is not None else [1]:
+            state.functions[self._way(count)] = (self._function(count), None)
+        if state.counted is not None:
+            state.functions[self._way(self._largest)] = (self._function(self._largest), model.test_function)
         del state.functions[state.compiled]
         model.train_function, model.test_function = self._at[1], self._user_test
         model.steps_per_execution = 1

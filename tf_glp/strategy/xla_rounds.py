@@ -49,10 +49,12 @@ def _rounds(model, data, base, xla, choice, state, fit_steps: int):
     interleaved rounds of the same steps; returns ({label: [ms per step per
     round]}, XLA's first call in seconds, "") or ({}, 0, why not). Every
     model and optimizer variable ends as it started (each replica's copy),
-    the metrics reset. The base runs on the fit's own train function (the
-    count an argument: `state.counted`, made here if missing), traced on
-    batches of the fit's element spec (the batch dimension unknown, as
-    Keras' adapters make it), so the fit runs on that trace."""
+    the metrics reset. The functions are the fit's own, traced on batches
+    of the fit's element spec (the batch dimension unknown, as Keras'
+    adapters make it), so the fit runs on their traces: Keras' at one step
+    per call first (its trace and a step weigh XLA's cost; kept in
+    state.functions for the fit), the base at its count on `state.counted`
+    (made here if missing) only where XLA is measured."""
     optimizer, strategy = model.optimizer, model.distribute_strategy
     compiled = (model.steps_per_execution, model.jit_compile)
     fused = optimizer_step.uses_fused_update(optimizer)
@@ -60,29 +62,32 @@ def _rounds(model, data, base, xla, choice, state, fit_steps: int):
     rows = int(tf.nest.flatten(data)[0].shape[0])
     dataset = strategy.experimental_distribute_dataset(
         tf.data.Dataset.from_tensors(data).repeat().unbatch().batch(rows))
-    if state.counted is None:
-        state.counted = compat.counted_train_function(model)
+    one = type(base)(1)
     functions, first_s = {}, {}
     try:
+        start = time.perf_counter()
+        functions[one] = _traced(model, one, fused, dataset, state)
+        first_s[one] = time.perf_counter() - start
+        state.functions[one] = (functions[one][0], None)
+        start = time.perf_counter()  # a second call: the step's time, to weigh XLA's compile
+        rounds_lib.sync(functions[one][0](functions[one][1]))
+        step_s = time.perf_counter() - start
+        cost_s = XLA_TRACES * first_s[one] + choice.rounds * 2 * base.steps_per_execution * step_s
+        if not choice.allow_xla and cost_s > choice.xla_hint * fit_steps * step_s:
+            return {}, 0.0, (f"XLA not measured (allow_xla is off, and measuring it, about {cost_s:.1f} s, "
+                             f"would be more than {choice.xla_hint:.0%} of this fit)")
         for way in (base, xla):
+            if way in functions:
+                continue
             start = time.perf_counter()
             try:
-                function, iterator = _traced(model, way, fused, dataset, state.counted)
+                functions[way] = _traced(model, way, fused, dataset, state)
             except Exception as error:  # noqa: BLE001 (an op XLA lacks, say; the base's error is the user's)
                 if way == base:
                     raise
                 return {}, 0.0, f"XLA failed and was left out ({rounds_lib.gist(error)})"
             first_s[way] = time.perf_counter() - start
-            functions[way] = (function, iterator)
-            if way == base:  # a second call: the step's time, to weigh XLA's compile
-                start = time.perf_counter()
-                rounds_lib.sync(function(iterator))
-                step_s = (time.perf_counter() - start) / base.steps_per_execution
-                cost_s = XLA_TRACES * first_s[base] + choice.rounds * 2 * base.steps_per_execution * step_s
-                if not choice.allow_xla and cost_s > choice.xla_hint * fit_steps * step_s:
-                    return {}, 0.0, (f"XLA not measured (allow_xla is off, and measuring it, about {cost_s:.1f} s, "
-                                     f"would be more than {choice.xla_hint:.0%} of this fit)")
-        times = {way.label: [] for way in functions}
+        times = {way.label: [] for way in (base, xla)}
         for index in range(choice.rounds):
             for way in ((base, xla) if index % 2 == 0 else (xla, base)):
                 function, iterator = functions[way]
@@ -95,17 +100,15 @@ def _rounds(model, data, base, xla, choice, state, fit_steps: int):
         choice.current = ""
         model.steps_per_execution, model.jit_compile = compiled
         optimizer_step.use_fused_update(optimizer, fused)
-        if base in functions:
-            state.functions[base] = (functions[base][0], None)
         model.train_function = None
         restore()
         model.reset_metrics()
 
 
-def _traced(model, way, fused: bool, dataset, counted) -> tuple:
-    """fit's train function for `way` (without XLA: `counted` at its count;
-    with XLA: Keras' own) and an iterator over `dataset`, after its first
-    call (the trace; XLA's compile)."""
+def _traced(model, way, fused: bool, dataset, state) -> tuple:
+    """fit's train function for `way` (XLA, or one step per call: Keras'
+    own; else `state.counted` at its count) and an iterator over
+    `dataset`, after its first call (the trace; XLA's compile)."""
     model.steps_per_execution = way.steps_per_execution
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (Keras warns where a layer does not support XLA: checked below)
@@ -113,11 +116,13 @@ def _traced(model, way, fused: bool, dataset, counted) -> tuple:
     if model.jit_compile != way.xla:
         raise ValueError("a layer of this model does not support XLA (Keras' model_supports_jit)")
     optimizer_step.use_fused_update(model.optimizer, fused and not way.xla)  # (fused ops cannot run in XLA)
-    if way.xla:
+    if way.xla or way.steps_per_execution == 1:
         model.make_train_function(force=True)
         function = model.train_function
     else:
-        function = compat.at_count(counted, way.steps_per_execution)
+        if state.counted is None:
+            state.counted = compat.counted_train_function(model)
+        function = compat.at_count(state.counted, way.steps_per_execution)
     iterator = iter(dataset)
     rounds_lib.sync(function(iterator))
     return function, iterator
