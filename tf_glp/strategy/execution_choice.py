@@ -523,8 +523,9 @@ class CountRounds(keras.callbacks.Callback):
         self._winner, self._queue, self._stage = count, [], "done"
         state.best, state.source, state.final = self._way(count), "measured", not kept
         state.times_ms.update({str(c): ms for c, ms in self._times.items() if ms})
-        state.reason = "; ".join([why, *([state.reason] if state.reason else []),
-                                  "measured on this fit's steps (one trace serves every count above 1)"])
+        counted = state.counted is not None and state.counted.experimental_get_tracing_count() > 0
+        state.reason = "; ".join([why, *([state.reason] if state.reason else []), "measured on this fit's steps"
+                                  + (" (one trace served every count above 1)" if counted else "")])
         state.kept_for = (self._fit_steps, state.best) if kept else None
         choice._store(state, {"kept_for_fit_steps": self._fit_steps} if kept else {})
         choice._last = (state, state.best, "")
