@@ -355,11 +355,12 @@ class PutBack(keras.callbacks.Callback):
 # takes the count as an argument (compat.counted_train_function), traced
 # once, at its first call (not timed), so that 4 and 16 cost one trace
 # together and the rounds after it only the steps run at slower counts. The
-# largest is timed next. What that round shows the largest saving over the
-# rest of the fit is weighed against what the rounds still to run cost:
+# largest is timed next, then 1 and the largest again (the first round: two
+# calls of each, their means). What that round shows the largest saving over
+# the rest of the fit is weighed against what the rounds still to run cost:
 # above choice.budget times the saving, the first round decides for fits as
-# long (the largest where it was COUNT_GAIN faster, else 1; a longer fit
-# measures again); choice.probe_win or more faster, the largest is taken;
+# long (the largest where it was faster: a short step's dispatch is not
+# slower with more steps per call; else 1; a longer fit measures again); choice.probe_win or more faster, the largest is taken;
 # else all run interleaved rounds and the kit's rule picks. The winner runs
 # from the next call and is kept for the next fit. The weights are count
 # 1's (tested bitwise against the count by hand).
@@ -369,8 +370,8 @@ def _weigh(choice: ExecutionChoice, fit_steps: int, rest_steps: int, one_ms: flo
     (None, "", False) to measure on, or the count that runs from now, why,
     and whether for good (else for fits as long as this one)."""
     largest = counts[-1]
-    if one_ms < rule.COUNT_GAIN * largest_ms:
-        return 1, (f"{largest} steps per call were not {rule.COUNT_GAIN}x faster than 1 in a first round "
+    if one_ms <= largest_ms:
+        return 1, (f"{largest} steps per call were not faster than 1 in a first round "
                    f"({largest_ms:.2f} against {one_ms:.2f} ms per step)"), False
     if one_ms >= choice.probe_win * largest_ms:
         return largest, (f"{one_ms / largest_ms:.2f}x faster than 1 in a first round, at least "
@@ -488,11 +489,12 @@ class CountRounds(keras.callbacks.Callback):
             step_ms = self._times[1][0]
             if step_ms >= 1e3 * LONG_STEP_S:
                 return self._decide(1, f"a step takes {step_ms:.0f} ms: dispatch is too small a part of it")
-            self._stage, self._queue = "probe", [largest]
+            self._stage, self._queue = "probe", [largest, 1, largest]
             return None
         if self._stage == "probe":
-            count, why, final = _weigh(choice, self._fit_steps, self._fit_steps - self._steps, self._times[1][0],
-                                       self._times[largest][0], self._counts)
+            count, why, final = _weigh(choice, self._fit_steps, self._fit_steps - self._steps,
+                                       statistics.mean(self._times[1]), statistics.mean(self._times[largest]),
+                                       self._counts)
             if count is not None:
                 return self._decide(count, why, kept=not final)
             self._stage, self._queue = "rounds", list(self._counts[1:-1])  # (their first round)
