@@ -133,6 +133,9 @@ INTERNALS = {
 # tf.Variable (keras_variable_value), a model's `_loss_tracker` and
 # `_call_has_training_arg` (micro-batches), its `_compile_metrics` and
 # `_compile_loss` (nothing_to_build),
+# a tf.experimental.Optional's `_element_spec` (set where the step traces,
+# as Keras' own multi-step loop sets it: counted_train_function, exercised by
+# tests/strategy/test_execution_choice.py),
 # a model's `_initial_epoch` and a
 # callback's `_last_batch_seen` (tf_glp.callbacks.BackupAndRestore), and a
 # built Conv2D / Dense layer's `_kernel` and `_build_shapes_dict`, which
