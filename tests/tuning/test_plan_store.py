@@ -107,3 +107,15 @@ def test_two_writers_at_once_lose_nothing(tmp_path):
     entries = json.loads(path.read_text())[store.PLANS]
     assert sorted((e["key"]["optimizer"], e["key"]["trainable"]) for e in entries) == sorted(
         (name, i) for name in ("A", "B") for i in range(40))
+
+
+def test_the_profilers_plan_folder_keeps_the_newest_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(store, "MAX_ENTRIES", 3)
+    monkeypatch.setenv(store.ENVIRONMENT, str(tmp_path))
+    paths = [store.keyed_file(store.LAYER_PLANS, {"model": model}) for model in range(5)]
+    assert len(set(paths)) == 5 and paths[0] == store.keyed_file(store.LAYER_PLANS, {"model": 0})
+    for age, path in enumerate(paths):
+        store.write_json(path, {})
+        os.utime(path, (1_000 + age, 1_000 + age))
+    store.prune(store.LAYER_PLANS)
+    assert sorted(os.listdir(tmp_path / store.LAYER_PLANS)) == sorted(os.path.basename(p) for p in paths[2:])

@@ -179,13 +179,13 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             weights_bytes = os.path.getsize(partial)
             os.replace(partial, os.path.join(folder, name))
             store.write_json(os.path.join(folder, METADATA),
-                              {"epoch": self._epoch, "batch": compat.last_batch_seen(self),
-                               "batches_done": self._batches_done, "weights": name,
-                               # (a copy of the backup is whole when its weights file has this size)
-                               "weights_bytes": weights_bytes, "step": _step(self.model),
-                               "replicas": self.model.distribute_strategy.num_replicas_in_sync,
-                               "state_not_in_weights": [{"path": v.path, "value": np.asarray(v.numpy()).tolist()}
-                                                        for v in _state_not_in_weights(self.model)]})
+                             {"epoch": self._epoch, "batch": compat.last_batch_seen(self),
+                              "batches_done": self._batches_done, "weights": name,
+                              # (a copy of the backup is whole when its weights file has this size)
+                              "weights_bytes": weights_bytes, "step": _step(self.model),
+                              "replicas": self.model.distribute_strategy.num_replicas_in_sync,
+                              "state_not_in_weights": [{"path": v.path, "value": np.asarray(v.numpy()).tolist()}
+                                                       for v in _state_not_in_weights(self.model)]})
             for old in glob.glob(os.path.join(folder, "backup-*.weights.h5")):
                 if os.path.basename(old) != name:
                     os.remove(old)
