@@ -248,35 +248,39 @@ def test_the_first_round_weighs_the_rest():
     first round decides for fits as long; a clear win is taken."""
     weigh = execution_choice._weigh  # noqa: SLF001
     choice = tf_glp.Strategy(plan_path=None)._choices["execution"]  # noqa: SLF001
-    counts = [1, 4, 16]
-    # 16 saves 0.2 ms per step. 4 more rounds in which 1 and 4 run 16 steps
-    # each, 0.2 ms per step slower: 0.0256 s, at most a quarter of the saving.
-    assert weigh(choice, 20_000, 20_000, 1.0, 0.8, counts) == (None, "", False)  # saves 4 s
-    count, why, final = weigh(choice, 20_000, 400, 1.0, 0.8, counts)  # 0.08 s left to save
+    # 16 saves 0.2 ms per step. 3 more rounds in which 1 runs 16 steps, 0.2
+    # ms per step slower: 0.0096 s, at most a quarter of the saving.
+    assert weigh(choice, 20_000, 20_000, 1.0, 0.8, 16) == (None, "", False)  # saves 4 s
+    assert weigh(choice, 20_000, 200, 1.0, 0.8, 16) == (None, "", False)  # saves 0.04 s
+    count, why, final = weigh(choice, 20_000, 150, 1.0, 0.8, 16)  # 0.03 s left to save
     assert (count, final) == (16, False) and "taken for fits of up to 20000 steps: more rounds would cost " \
-        "about 0.03 s, more than 0.25 of the about 0.08 s it saves over the 400 steps left" in why, why
-    count, why, final = weigh(choice, 5_000, 5_000, 1.0, 1.02, counts)
+        "about 0.01 s, more than 0.25 of the about 0.03 s it saves over the 150 steps left" in why, why
+    count, why, final = weigh(choice, 5_000, 5_000, 1.0, 1.02, 16)
     assert (count, final) == (1, False) and "not faster than 1 in a first round (1.02 against 1.00 ms" in why
-    count, why, final = weigh(choice, 600, 600, 3.0, 1.0, counts)  # a clear win
+    count, why, final = weigh(choice, 600, 600, 3.0, 1.0, 16)  # a clear win
     assert (count, final) == (16, True) and why.startswith("3.00x faster than 1 in a first round, at least 1.5x")
 
 
 def test_the_count_is_switched_within_the_first_epoch_and_trains_bitwise_like_the_count_written_by_hand():
-    """One epoch of 224 steps: 1 traced and timed, 16 traced and timed, 1 and
-    16 again, then 4, then a round of all three (10 calls of 16 steps); the
-    last 4 calls run 16."""
+    """One epoch of 224 steps (14 calls of 16): 1 traced and timed, 16
+    traced and timed, 1 and 16 again (the first round), a third round
+    (16 and 1); the last 6 calls run 16."""
     calls = []
-    strategy = _strategy({"1": 3.0, "4": 2.0, "16": 1.0}, calls)
-    strategy._choices["execution"].xla_hint = 0.0  # noqa: SLF001 (XLA not measured: its rounds would read the clock too)
+    strategy = _strategy({"1": 3.0, "16": 1.0}, calls)
+    choice = strategy._choices["execution"]  # noqa: SLF001
+    choice.xla_hint, choice.rounds = 0.0, 3  # (XLA not measured: its rounds would read the clock too)
     with strategy.scope():
         model = _model()
+    traces, step = [], model.train_step
+    model.train_step = lambda data: traces.append(1) or step(data)  # (runs once per trace)
     rng = np.random.default_rng(1)
     x, y = rng.random((224 * BATCH, 12), dtype=np.float32), rng.integers(0, 3, 224 * BATCH)
     history = model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False)
-    assert [label for label in calls[::2] if label] == ["1", "16", "1", "16", "4", "4", "16", "1"], calls
-    assert "steps_per_execution=16, no XLA: 3.00x faster than 1" in strategy.explain(), strategy.explain()
-    # One trace for every count, XLA's weighing (before fit, on a copy of the first batch) included.
-    assert strategy._choices["execution"]._models[model].counted.experimental_get_tracing_count() == 1  # noqa: SLF001
+    assert [label for label in calls[::2] if label] == ["1", "16", "1", "16", "16", "1"], calls
+    assert "steps_per_execution=16, no XLA: 3.00x faster than 1, beyond the spread" in strategy.explain(), \
+        strategy.explain()
+    # One trace per count, count 1's by XLA's weighing (before fit, on a copy of the first batch).
+    assert len(traces) == 2, traces
     by_hand = _model(steps_per_execution=16)
     assert history.history == by_hand.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False).history
     for mine, theirs in zip(model.variables + model.optimizer.variables,
@@ -287,7 +291,8 @@ def test_the_count_is_switched_within_the_first_epoch_and_trains_bitwise_like_th
 def test_a_kept_way_is_remembered_for_fits_as_long_and_a_longer_fit_measures_again(tmp_path):
     plan = str(tmp_path / "plan.json")
     first = _strategy(FAST_4, plan_path=plan)
-    first._choices["execution"].budget = 0.0  # noqa: SLF001 (the rest always costs more than it saves)
+    choice = first._choices["execution"]  # noqa: SLF001
+    choice.budget, choice.rounds = 0.0, 3  # (a round to run after the first, and it costs more than it saves)
     with first.scope():
         model = _model()
     _fit(model)

@@ -47,8 +47,6 @@ INTERNALS = {
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "_get_variable_index"): "a variable's slot index",
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "_use_weight_decay"): "which variables decay",
     ("keras.src.trainers.trainer", "Trainer", "compile"): "patched: jit_compile checks",
-    ("keras.src.backend.tensorflow", "trainer", "reduce_per_replica"):
-        "a step's logs reduced as Keras' train function does (counted_train_function)",
     ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "fit"):
         "patched: batch-size check and the chunking decision",
     ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer", "make_train_function"):
@@ -133,9 +131,6 @@ INTERNALS = {
 # tf.Variable (keras_variable_value), a model's `_loss_tracker` and
 # `_call_has_training_arg` (micro-batches), its `_compile_metrics` and
 # `_compile_loss` (nothing_to_build),
-# a tf.experimental.Optional's `_element_spec` (set where the step traces,
-# as Keras' own multi-step loop sets it: counted_train_function, exercised by
-# tests/strategy/test_execution_choice.py),
 # a model's `_initial_epoch` and a
 # callback's `_last_batch_seen` (tf_glp.callbacks.BackupAndRestore), and a
 # built Conv2D / Dense layer's `_kernel` and `_build_shapes_dict`, which
@@ -340,80 +335,6 @@ def share_kernel(twin, layer) -> None:
 def last_batch_seen(callback) -> int:
     """The last batch a Keras BackupAndRestore saw in this epoch."""
     return callback._last_batch_seen  # noqa: SLF001
-
-
-# -- fit's train function --------------------------------------------------------
-def counted_train_function(model):
-    """fit's train function with the steps per call an argument: Keras' own
-    (TensorFlowTrainer._make_function: each step runs train_step through
-    the strategy, its logs reduced per replica, Optional inputs read as
-    None; a step function of its own, compiled with XLA where the model
-    is; the steps in a while loop that carries the last logs as an
-    Optional, whose element spec Keras sets where the step traces) with the
-    count a tensor, so one trace serves every count (not for a model
-    compiled with run_eagerly). The step is in the graph once, as in Keras'
-    own multi-step function.
-
-    Returns `function(iterator, count)`, `count` an int32 scalar tensor: it
-    runs at most `count` steps, fewer where the input ends, and returns
-    the last step's logs as an Optional (empty: the input had ended);
-    at_count makes fit's train function of it."""
-    import tensorflow as tf  # noqa: PLC0415
-    from keras.src.backend.tensorflow import trainer  # noqa: PLC0415
-
-    strategy = model.distribute_strategy
-
-    @tf.autograph.experimental.do_not_convert
-    def step(data):
-        return trainer.reduce_per_replica(strategy.run(model.train_step, args=(data,)), strategy, reduction="auto")
-
-    step = tf.function(step, reduce_retracing=True, jit_compile=model.jit_compile)
-
-    @tf.autograph.experimental.do_not_convert
-    def steps(iterator, count):
-        empty = tf.experimental.Optional.empty(None)  # (its element spec: set where the step traces)
-
-        def more(done, logs, data):
-            return tf.logical_and(done < count, data.has_value())
-
-        def next_step(done, logs, data):
-            def run():
-                ran = tf.experimental.Optional.from_value(step(tf.nest.map_structure(
-                    lambda leaf: None if isinstance(leaf, tf.experimental.Optional) else leaf, data.get_value())))
-                empty._element_spec = ran.element_spec  # noqa: SLF001
-                return ran
-
-            def keep():
-                logs._element_spec = empty._element_spec  # noqa: SLF001
-                return logs
-
-            logs = tf.cond(tf.logical_and(done < count, data.has_value()), run, keep)
-            # (the next batch is read only where another step will run: none is lost between calls)
-            data = tf.cond(done + 1 < count, iterator.get_next_as_optional, lambda: data)
-            return done + 1, logs, data
-
-        _, logs, _ = tf.while_loop(more, next_step, [tf.constant(0), empty, iterator.get_next_as_optional()])
-        logs._element_spec = empty.element_spec  # noqa: SLF001
-        return logs
-
-    return tf.function(steps, reduce_retracing=True)
-
-
-def at_count(counted, count: int):
-    """fit's train function at `count` steps per call, on the trace of
-    `counted` (a counted_train_function); like Keras' own, it raises
-    StopIteration where the input had ended."""
-    import tensorflow as tf  # noqa: PLC0415
-
-    count = tf.constant(count)
-
-    def train_function(iterator):
-        logs = counted(iterator, count)
-        if not logs.has_value():
-            raise StopIteration
-        return logs.get_value()
-
-    return train_function
 
 
 # -- data and strategies --------------------------------------------------------

@@ -9,13 +9,12 @@ much faster or much slower (benchmarks/RESULTS.md) and rounds differently,
 so it is measured, named, and used only where the user allows it (with
 replicas it is refused: tf_glp's host ops run outside it, no_xla.py).
 
-The counts (1, 4 and 16, at most the epoch's steps) are measured on the
-user's own training steps, 4 and 16 with one train function that takes the
-count as an argument (Note [Counts on the real steps]): the measurement
-costs one trace, where count 1's step is short, and the steps run at the
-slower counts. XLA changes the numbers: it is
-timed on a scratch copy before fit (xla_rounds.py). A way wins with the
-kit's rule (tuning/rule.py, COUNT_GAIN).
+Count 1 and the largest of 4 and 16 that fits in an epoch are measured on
+the user's own training steps (Note [Counts on the real steps]): the
+measurement costs one trace, where count 1's step is short, and the steps
+run at count 1. XLA changes the numbers: it is timed on a scratch copy
+before fit (xla_rounds.py). A way wins with the kit's rule
+(tuning/rule.py, COUNT_GAIN).
 
 What is kept as the user wrote it (not measured):
 - an explicit `steps_per_execution` (XLA is still measured, at it) or
@@ -54,12 +53,8 @@ from tf_glp.profiling import optimizer_step
 from tf_glp.strategy import xla_rounds
 from tf_glp.tuning import rounds as rounds_lib, rule, store
 
-SPE_CANDIDATES = (1, 4, 16)
+SPE_CANDIDATES = (4, 16)  # the largest that fits in an epoch is timed against 1
 ROUNDS = 5
-# Counts clearly slower than 1 after this many rounds (fastest round over
-# DROP_RATIO times 1's slowest) are not run again.
-DROP_AFTER = 2
-DROP_RATIO = 1.5
 # Note [Counts on the real steps]: the rest of the measurement may cost at
 # most BUDGET times what the first round shows the largest count saving; a
 # count PROBE_WIN or more faster in that round is taken at once.
@@ -111,7 +106,6 @@ class ModelExecution:
     final: bool = False  # decided for good (else the next fit may measure: this one was too short, say)
     kept_for: tuple[int, Way] | None = None  # (fit steps, way) decided on a first round: a longer fit measures
     functions: dict = dataclasses.field(default_factory=dict)  # Way -> (train, test function)
-    counted: object = None  # the train function that takes the count (compat.counted_train_function)
     key: dict | None = None  # the plan store's key of this model's entry
 
 
@@ -213,7 +207,7 @@ class ExecutionChoice:
             return []
         epoch_steps = rounds_lib.epoch_steps(arguments, batch)
         counts = ([compiled.steps_per_execution] if "steps_per_execution" in state.explicit
-                  else _capped(SPE_CANDIDATES, epoch_steps))
+                  else [1, *[c for c in SPE_CANDIDATES if c <= (epoch_steps or c)][-1:]])
         # (With replicas XLA is refused: no_xla.py.)
         measure_xla = strategy._is_one_device and "jit_compile" not in state.explicit and not compiled.xla
         if len(counts) == 1 and not measure_xla:
@@ -308,13 +302,6 @@ def _plan_key(model, strategy, batch: int | None, counts: list[int], xla: bool) 
                            candidates=counts, xla=xla, update=strategy.update_concept.name)
 
 
-def _capped(candidates, epoch_steps: int | None) -> list[int]:
-    """The candidates Keras would run whole: at most one epoch per call."""
-    if epoch_steps is None:
-        return list(candidates)
-    return [c for c in candidates if c <= epoch_steps] or [1]
-
-
 def _switch(model, state: ModelExecution, old: Way, new: Way) -> None:
     """Sets `new` on the model with its step functions (made by Keras when
     missing), keeping `old`'s for the way back."""
@@ -345,31 +332,30 @@ class PutBack(keras.callbacks.Callback):
 # -- the counts, on the real steps --------------------------------------------
 # Note [Counts on the real steps]
 # Several steps per call change no number, so the counts are timed on the
-# fit's own steps. Keras' epoch loop calls fit's train function every
-# `largest` steps; that function is CountRounds, which runs each call's steps
-# as `largest / c` calls at count c (an epoch's shorter last call at count
-# 1), so every call advances the fit alike. Count 1 runs on Keras' own
-# function, traced at its first call as plain Keras' would be, and is timed
-# first: a step of LONG_STEP_S or more keeps 1 (no dispatch worth removing;
-# nothing more is traced). Else the other counts run on one function that
-# takes the count as an argument (compat.counted_train_function), traced
-# once, at its first call (not timed), so that 4 and 16 cost one trace
-# together and the rounds after it only the steps run at slower counts. The
-# largest is timed next, then 1 and the largest again (the first round: two
-# calls of each, their means). What that round shows the largest saving over
-# the rest of the fit is weighed against what the rounds still to run cost:
-# above choice.budget times the saving, the first round decides for fits as
-# long (the largest where it was faster: a short step's dispatch is not
-# slower with more steps per call; else 1; a longer fit measures again); choice.probe_win or more faster, the largest is taken;
-# else all run interleaved rounds and the kit's rule picks. The winner runs
-# from the next call and is kept for the next fit. The weights are count
-# 1's (tested bitwise against the count by hand).
+# fit's own steps: count 1 and the largest (16, or 4 where an epoch is
+# shorter). More steps per call only remove dispatch, so no count between is
+# timed (4 was never the fastest in the rounds RESULTS.md records). Keras'
+# epoch loop calls fit's train function every `largest` steps; that function
+# is CountRounds, which runs each call's steps at the count being timed (an
+# epoch's shorter last call at count 1), so every call advances the fit
+# alike. Both counts run on Keras' own train functions, each traced at its
+# first call (not timed) as plain Keras traces it. Count 1 is timed first:
+# a step of LONG_STEP_S or more keeps 1 (no dispatch worth removing; the
+# largest is never traced). Else the largest is traced, then timed, then 1
+# and the largest again (the first round: two calls of each, their means).
+# A largest choice.probe_win or more faster is taken. Else what the first
+# round shows it saving over the rest of the fit is weighed against what the
+# rounds still to run cost: above choice.budget times the saving, the first
+# round decides for fits as long (the largest where it was faster, else 1;
+# a longer fit measures again); else both run interleaved up to
+# choice.rounds calls each and the kit's rule decides. The winner runs from
+# the next call and is kept for the next fit. The weights are count 1's
+# (tested bitwise against the count by hand).
 def _weigh(choice: ExecutionChoice, fit_steps: int, rest_steps: int, one_ms: float, largest_ms: float,
-           counts: list[int]) -> tuple[int | None, str, bool]:
-    """After count 1's and the largest's first round (see the note above):
-    (None, "", False) to measure on, or the count that runs from now, why,
-    and whether for good (else for fits as long as this one)."""
-    largest = counts[-1]
+           largest: int) -> tuple[int | None, str, bool]:
+    """After the first round (see the note above): (None, "", False) to
+    measure on, or the count that runs from now, why, and whether for good
+    (else for fits as long as this one)."""
     if one_ms <= largest_ms:
         return 1, (f"{largest} steps per call were not faster than 1 in a first round "
                    f"({largest_ms:.2f} against {one_ms:.2f} ms per step)"), False
@@ -377,9 +363,9 @@ def _weigh(choice: ExecutionChoice, fit_steps: int, rest_steps: int, one_ms: flo
         return largest, (f"{one_ms / largest_ms:.2f}x faster than 1 in a first round, at least "
                          f"{choice.probe_win}x: taken without more rounds"), True
     saving_s = rest_steps * (one_ms - largest_ms) / 1e3
-    # The rounds' steps at the other counts run slower than the largest would
-    # (with BUDGET < 1/2 the rounds also fit in the steps left).
-    rest_s = (choice.rounds - 1) * (len(counts) - 1) * largest * (one_ms - largest_ms) / 1e3
+    # Each round still to run has one call of `largest` steps at count 1 (with
+    # BUDGET < 1/2 the rounds also fit in the steps left).
+    rest_s = (choice.rounds - 2) * largest * (one_ms - largest_ms) / 1e3
     if rest_s > choice.budget * saving_s:
         return largest, (f"{one_ms / largest_ms:.2f}x faster than 1 in a first round, taken for fits of up to "
                          f"{fit_steps} steps: more rounds would cost about {rest_s:.2f} s, more than {choice.budget} "
@@ -398,36 +384,33 @@ class CountRounds(keras.callbacks.Callback):
         self._choice, self._state, self._counts, self._announce = choice, state, counts, announce
         self._largest, self._fit_steps, self._epoch_steps = counts[-1], fit_steps, epoch_steps
         self._times: dict[int, list[float]] = {c: [] for c in counts}
-        self._at: dict[int, object] = {}  # count -> its function (count 1: Keras' own)
+        self._at: dict[int, object] = {}  # count -> Keras' own train function at that count
         self._called: set[int] = set()  # counts whose function has run (a new one traces: untimed)
         self._queue = [1]
-        self._stage, self._winner, self._done, self._steps = "one", None, 0, 0
+        self._winner, self._done, self._steps = None, 0, 0
 
     def on_train_begin(self, logs=None):
         model, state = self.model, self._state
         if self._choice.before_measuring is not None:  # (the optimizer step is read where the function traces)
             self._choice.before_measuring(model)
         self._user_test = model.test_function
-        # (Keras' own: XLA's weighing traced it on the first batch, or fit made it, untraced)
+        # (XLA's weighing traced them on the first batch; else count 1's is the one fit made, untraced)
+        for count in self._counts[1:]:
+            self._at[count] = state.functions.pop(self._way(count), (None, None))[0]
+            self._called.update([count] if self._at[count] else [])
         self._at[1] = state.functions.pop(self._way(1), (None, None))[0] or model.train_function
         model.steps_per_execution, model.train_function, model.test_function = self._largest, self, None
 
     def _function(self, count: int):
-        """Count's function: count 1 Keras' own, the others the counted one
-        (made at the first count above 1: its trace is paid only where count
-        1's step was short)."""
-        if count not in self._at:
-            if self._state.counted is None:
-                self._state.counted = compat.counted_train_function(self.model)
-            self._at[count] = compat.at_count(self._state.counted, count)
+        """Keras' own train function at `count` steps per call (made at its
+        first use: the largest's trace is paid only where count 1's step was
+        short). Keras reads the count where the function traces."""
+        if self._at.get(count) is None:
+            model = self.model
+            model.steps_per_execution = count
+            model.make_train_function(force=True)
+            self._at[count], model.train_function = model.train_function, self
         return self._at[count]
-
-    def _new(self, count: int) -> bool:
-        """Whether count's function has not run yet (its first call traces)."""
-        if count == 1:
-            return 1 not in self._called
-        counted = self._state.counted
-        return counted is None or counted.experimental_get_tracing_count() == 0
 
     def _way(self, count: int) -> Way:
         return Way(count, self._state.compiled.xla)
@@ -451,7 +434,7 @@ class CountRounds(keras.callbacks.Callback):
         if self._winner is not None or steps < self._largest or not self._queue:
             return self._run(self._winner or 1, steps, iterator)
         count = self._queue.pop(0)
-        if self._new(count):  # (a trace: run, not timed, and queued again)
+        if count not in self._called:  # (its first call traces: run, not timed, and queued again)
             self._queue.insert(0, count)
             logs = self._run(count, steps, iterator)
             rounds_lib.sync(logs)
@@ -463,19 +446,19 @@ class CountRounds(keras.callbacks.Callback):
         self._times[count].append(1e3 * (self._choice.clock() - start) / steps)
         self._choice.current = ""
         if not self._queue:
-            self._next_stage()
+            self._next_round()
         return logs
 
     def _run(self, count: int, steps: int, iterator):
-        """Runs `steps` steps, `count` per call (the rest in one call)."""
+        """Runs `steps` steps at `count` per call, or one per call where fewer
+        remain (an epoch's last call)."""
+        count = count if steps == count else 1
         logs, model = None, self.model
         try:
-            for calls, c in ((steps // count, count), (1 if steps % count else 0, steps % count)):
-                if calls:
-                    function, model.steps_per_execution = self._function(c), c  # (Keras' reads it where it traces)
-                    self._called.add(c)
-                for _ in range(calls):
-                    logs = function(iterator)
+            function, model.steps_per_execution = self._function(count), count
+            self._called.add(count)
+            for _ in range(steps // count):
+                logs = function(iterator)
         except (StopIteration, tf.errors.OutOfRangeError):  # the input ended: what ran is this call's (Keras' own multi-step call does so)
             if logs is None:
                 raise
@@ -483,51 +466,34 @@ class CountRounds(keras.callbacks.Callback):
             model.steps_per_execution = self._largest
         return logs
 
-    def _next_stage(self) -> None:
+    def _next_round(self) -> None:
         largest, choice = self._largest, self._choice
-        if self._stage == "one":
-            step_ms = self._times[1][0]
-            if step_ms >= 1e3 * LONG_STEP_S:
-                return self._decide(1, f"a step takes {step_ms:.0f} ms: dispatch is too small a part of it")
-            self._stage, self._queue = "probe", [largest, 1, largest]
+        one, many = self._times[1], self._times[largest]
+        if not many:  # count 1 timed once
+            if one[0] >= 1e3 * LONG_STEP_S:
+                return self._decide(1, f"a step takes {one[0]:.0f} ms: dispatch is too small a part of it")
+            self._queue = [largest, 1, largest]
             return None
-        if self._stage == "probe":
+        if len(many) == 2:  # the first round
             count, why, final = _weigh(choice, self._fit_steps, self._fit_steps - self._steps,
-                                       statistics.mean(self._times[1]), statistics.mean(self._times[largest]),
-                                       self._counts)
+                                       statistics.mean(one), statistics.mean(many), largest)
             if count is not None:
                 return self._decide(count, why, kept=not final)
-            self._stage, self._queue = "rounds", list(self._counts[1:-1])  # (their first round)
-            if self._queue:
-                return None
-        rounds_done = min(len(self._times[c]) for c in self._live())
-        if rounds_done >= choice.rounds:
-            best, gain = rule.best_of({str(c): ms for c, ms in self._times.items()}, "1", rule.COUNT_GAIN)
-            return self._decide(int(best), f"{gain:.2f}x faster than 1, beyond the spread" if best != "1"
-                                else "no other count faster beyond the spread")
-        live = self._live(drop=rounds_done == DROP_AFTER)
-        self._queue = live[rounds_done % len(live):] + live[:rounds_done % len(live)]
+        if min(len(one), len(many)) >= choice.rounds:
+            wins, gain = rule.beats(one, many, rule.COUNT_GAIN)
+            return self._decide(largest if wins else 1, f"{gain:.2f}x faster than 1, beyond the spread" if wins
+                                else f"{largest} not faster than 1 beyond the spread ({gain:.2f}x by the medians)")
+        self._queue = [1, largest] if len(one) % 2 else [largest, 1]
         return None
-
-    def _live(self, drop: bool = False) -> list[int]:
-        """The counts still timed: after DROP_AFTER rounds, not those clearly slower than 1."""
-        slowest = max(self._times[1])
-        if drop:
-            for count in self._counts[1:]:
-                if count in self._times and self._times[count] and min(self._times[count]) > DROP_RATIO * slowest:
-                    del self._times[count]
-        return [c for c in self._counts if c in self._times]
 
     def _decide(self, count: int, why: str, kept: bool = False) -> None:
         """Runs `count` from the next call on, and keeps the choice (`kept`:
         for fits as long as this one)."""
         choice, state = self._choice, self._state
-        self._winner, self._queue, self._stage = count, [], "done"
+        self._winner, self._queue = count, []
         state.best, state.source, state.final = self._way(count), "measured", not kept
         state.times_ms.update({str(c): ms for c, ms in self._times.items() if ms})
-        counted = state.counted is not None and state.counted.experimental_get_tracing_count() > 0
-        state.reason = "; ".join([why, *([state.reason] if state.reason else []), "measured on this fit's steps"
-                                  + (" (one trace served every count above 1)" if counted else "")])
+        state.reason = "; ".join([why, *([state.reason] if state.reason else []), "measured on this fit's steps"])
         state.kept_for = (self._fit_steps, state.best) if kept else None
         choice._store(state, {"kept_for_fit_steps": self._fit_steps} if kept else {})
         choice._last = (state, state.best, "")
@@ -542,10 +508,7 @@ class CountRounds(keras.callbacks.Callback):
         model, state = self.model, self._state
         if self._winner is None:  # (stopped early)
             self._unmeasured()
-        for count in self._counts if state.counted is not None else [1]:
-            state.functions[self._way(count)] = (self._function(count), None)
-        if state.counted is not None:
-            state.functions[self._way(self._largest)] = (self._function(self._largest), model.test_function)
-        del state.functions[state.compiled]
+        if self._at.get(self._largest) is not None:  # (for the next fit, with the test function made at it)
+            state.functions[self._way(self._largest)] = (self._at[self._largest], model.test_function)
         model.train_function, model.test_function = self._at[1], self._user_test
         model.steps_per_execution = 1

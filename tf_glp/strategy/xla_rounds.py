@@ -51,10 +51,10 @@ def _rounds(model, data, base, xla, choice, state, fit_steps: int):
     model and optimizer variable ends as it started (each replica's copy),
     the metrics reset. The functions are the fit's own, traced on batches
     of the fit's element spec (the batch dimension unknown, as Keras'
-    adapters make it), so the fit runs on their traces: Keras' at one step
-    per call first (its trace and a step weigh XLA's cost; kept in
-    state.functions for the fit), the base at its count on `state.counted`
-    (made here if missing) only where XLA is measured."""
+    adapters make it), so the fit runs on their traces (kept in
+    state.functions): Keras' at one step per call first (its trace and a
+    step weigh XLA's cost), the base at its count only where XLA is
+    measured."""
     optimizer, strategy = model.optimizer, model.distribute_strategy
     compiled = (model.steps_per_execution, model.jit_compile)
     fused = optimizer_step.uses_fused_update(optimizer)
@@ -66,7 +66,7 @@ def _rounds(model, data, base, xla, choice, state, fit_steps: int):
     functions, first_s = {}, {}
     try:
         start = time.perf_counter()
-        functions[one] = _traced(model, one, fused, dataset, state)
+        functions[one] = _traced(model, one, fused, dataset)
         first_s[one] = time.perf_counter() - start
         state.functions[one] = (functions[one][0], None)
         start = time.perf_counter()  # a second call: the step's time, to weigh XLA's compile
@@ -81,12 +81,14 @@ def _rounds(model, data, base, xla, choice, state, fit_steps: int):
                 continue
             start = time.perf_counter()
             try:
-                functions[way] = _traced(model, way, fused, dataset, state)
+                functions[way] = _traced(model, way, fused, dataset)
             except Exception as error:  # noqa: BLE001 (an op XLA lacks, say; the base's error is the user's)
                 if way == base:
                     raise
                 return {}, 0.0, f"XLA failed and was left out ({rounds_lib.gist(error)})"
             first_s[way] = time.perf_counter() - start
+            if way == base:
+                state.functions[base] = (functions[base][0], None)
         times = {way.label: [] for way in (base, xla)}
         for index in range(choice.rounds):
             for way in ((base, xla) if index % 2 == 0 else (xla, base)):
@@ -105,10 +107,9 @@ def _rounds(model, data, base, xla, choice, state, fit_steps: int):
         model.reset_metrics()
 
 
-def _traced(model, way, fused: bool, dataset, state) -> tuple:
-    """fit's train function for `way` (XLA, or one step per call: Keras'
-    own; else `state.counted` at its count) and an iterator over
-    `dataset`, after its first call (the trace; XLA's compile)."""
+def _traced(model, way, fused: bool, dataset) -> tuple:
+    """Keras' train function for `way` and an iterator over `dataset`,
+    after its first call (the trace; XLA's compile)."""
     model.steps_per_execution = way.steps_per_execution
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (Keras warns where a layer does not support XLA: checked below)
@@ -116,13 +117,7 @@ def _traced(model, way, fused: bool, dataset, state) -> tuple:
     if model.jit_compile != way.xla:
         raise ValueError("a layer of this model does not support XLA (Keras' model_supports_jit)")
     optimizer_step.use_fused_update(model.optimizer, fused and not way.xla)  # (fused ops cannot run in XLA)
-    if way.xla or way.steps_per_execution == 1:
-        model.make_train_function(force=True)
-        function = model.train_function
-    else:
-        if state.counted is None:
-            state.counted = compat.counted_train_function(model)
-        function = compat.at_count(state.counted, way.steps_per_execution)
+    model.make_train_function(force=True)
     iterator = iter(dataset)
-    rounds_lib.sync(function(iterator))
-    return function, iterator
+    rounds_lib.sync(model.train_function(iterator))
+    return model.train_function, iterator
