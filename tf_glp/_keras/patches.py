@@ -1,60 +1,20 @@
 """The methods of Keras 3 that tf_glp wraps: the boundary's patching half
 (tf_glp/_keras/; compat.py is the reading half).
 
-Each wrapper decides only whether tf_glp takes part and hands the work to
-the tf_glp.Strategy the model or optimizer runs under (duck-typed: this
-module imports nothing of tf_glp's above the boundary), or to what tf_glp
-registered here (set_fused_update, install_micro_batch_wrappers).
-
-Keras' TensorFlow optimizer sums gradients with a replica-context all-reduce
-and then runs its update per variable copy; tf_glp.Strategy takes the whole
-optimizer step out of the replicas' step instead (strategy.py): one merge,
-the host sum, Keras' own apply once in cross-replica context. Small wrappers
-do that, each a no-op unless the model or optimizer belongs to a
-tf_glp.Strategy:
-
-- BaseOptimizer.apply (and the `apply` of every keras.optimizers class that
-  has its own, such as MultiOptimizer): the step from the replicas
-  (Strategy._apply_once).
-- LossScaleOptimizer._tf_apply: the same, with its backend-neutral apply
-  (finite check, inner step or skip, scale update) as the step.
-- An optimizer met unbuilt in the replicas' step (a custom loop) is built
-  first, outside the trace, as `fit` builds it
-  (Strategy._build_outside_the_trace): in BaseOptimizer.apply's wrapper
-  above, and in LossScaleOptimizer.apply, which builds before _tf_apply.
-- tf.__internal__.distribute.interim.maybe_merge_call (what Keras' TF
-  optimizer calls for weight decay, updates and accumulation): in the
-  cross-replica context of a tf_glp.Strategy, where that step runs, it calls
-  the function directly instead of failing for want of a replica context.
-- TFOptimizer._backend_update_step: the fused host update (update="host",
-  for tf_glp.ops.FUSED_OPTIMIZERS; and on one device where it measured faster: without
-  a strategy as the start-up profiler chose it,
-  tf_glp.profiling.optimizer_step, or under a one-device tf_glp.Strategy,
-  one_device_strategy.py; set_fused_update).
-- TFOptimizer._apply_weight_decay: skipped when the fused update applies it.
-- Trainer.compile: with replicas, jit_compile="auto" becomes False (the
-  host ops run outside XLA) and jit_compile=True is refused with a clear
-  message; on one device compile is Keras' own. Either way the strategy
-  notes which of steps_per_execution and jit_compile the user set (its
-  steps-per-execution choice keeps those). (Patched
-  on Keras' Trainer itself: Keras treats a Model whose compile differs from
-  Trainer.compile as custom and then skips compile when loading it.)
-- TensorFlowTrainer.train_step, Keras' (un)scale_loss_for_distribution,
-  SeedGenerator.next and BatchNormalization._moments: a micro-batched step
-  (tf_glp/strategy/micro_batches.py gives the wrappers), only under
-  micro_batches=M.
-- TensorFlowTrainer.fit: the strategy checks fit's arguments and adds its
-  callbacks first (Strategy._prepare_fit, tf_glp/strategy/fit_setup.py).
-
-A one-device tf_glp.Strategy (no GPUs, no replicas asked for) takes none
-of the multi-replica paths: Keras' own step runs, as without a strategy,
-with only the fused update where it measured faster.
-
-What they call on a tf_glp.Strategy is the contract StrategyHooks below
-writes down. They are installed once, when the first tf_glp.Strategy is
-created (or the start-up profiler first chooses the fused update), after
-compat.require_internals() has checked that the installed Keras still
-has every method they wrap (it raises, naming what changed, if not).
+Why: Keras' TF optimizer all-reduces gradients in replica context, then
+updates each variable copy; tf_glp.Strategy takes the whole optimizer step
+out of the replicas' step instead (one merge, the host sum, Keras' apply
+once in cross-replica context). Each wrapper is a no-op unless the model or
+optimizer belongs to a tf_glp.Strategy, and then calls the hooks
+StrategyHooks writes down. Wrapped: the optimizer step (BaseOptimizer.apply,
+each keras.optimizers class's own `apply`, LossScaleOptimizer's), the TF
+optimizer's update (fused host update: set_fused_update), maybe_merge_call,
+Trainer.compile (no XLA with replicas: tf_glp/strategy/no_xla.py), fit
+(tf_glp/strategy/fit_setup.py), _maybe_symbolic_build, and, under
+micro_batches=M, install_micro_batch_wrappers. install() runs once, when
+the first tf_glp.Strategy is created (or the start-up profiler first
+chooses the fused update), after compat.require_internals() (which raises,
+naming what changed, if Keras lacks a wrapped method).
 """
 
 from __future__ import annotations
@@ -203,6 +163,9 @@ def _in_replicas_step(strategy) -> bool:
 
 
 def _install_merge_call_hook() -> None:
+    # Keras' TF optimizer calls maybe_merge_call for weight decay, updates and
+    # accumulation; in a tf_glp.Strategy's cross-replica context (where its
+    # step runs) it would fail for want of a replica context.
     def maybe_merge_call(original):
         def maybe_merge_call(fn, strategy, *args, **kwargs):
             if tf.distribute.get_replica_context() is None and getattr(strategy, "_is_tf_glp_strategy", False):

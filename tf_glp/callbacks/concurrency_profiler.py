@@ -27,11 +27,9 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
     plan is ignored with a warning.
 
     Args:
-        candidates: "auto" (lane counts up to the analytical cap, see
-            tf_glp.profiling.concurrency_model) or a list of lane counts.
-            Default "auto".
-        trials: Timed runs per candidate (after 1 untimed one); the median
-            counts. Default 5.
+        candidates, trials, convert, verbose: As in tf_glp.profile, except
+            that `convert` also converts the plain layers (see above) and
+            `verbose` defaults to 1, which also prints the table.
         plan_path: Where the plan is read from and written to: "auto", the
             model's file in the user's cache (`~/.cache/tf_glp/layer_plans`,
             or under `$TF_GLP_CACHE_DIR`; the path is printed, and kept in
@@ -39,10 +37,6 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         log_dir: If set, TensorBoard summaries: the table as text, a
             per-layer chart as an image, the chosen levels as scalars.
             Default None.
-        convert: Also convert plain keras.layers.Conv2D / Dense (False: only
-            layers that are already tf_glp layers). Default True.
-        verbose: 0 silent; 1 a progress bar while profiling and the table.
-            Default 1.
         batch_size: The global batch size given to fit() (default: the
             model's fixed batch size, else Keras' default of 32). Under a
             tf.distribute strategy each replica's share is profiled.

@@ -167,9 +167,7 @@ def why_not_eligible(layer: keras.layers.Layer, include_keras_layers: bool = Tru
     """Why the concurrent ops cannot run `layer` (see is_eligible), or None.
 
     Args:
-        layer: The layer to check.
-        include_keras_layers: Also accept plain keras.layers.Conv2D / Dense
-            (False: only tf_glp's own layers). Default True.
+        layer, include_keras_layers: As in is_eligible.
     """
     kind = type(layer)
     if kind not in _PLAIN and kind not in _TWINS:

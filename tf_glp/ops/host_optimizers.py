@@ -325,8 +325,11 @@ def apply_host_update(
         grads: Non-empty list of gradients (float32/bfloat16/float16), summed
             in float32 in list order.
         scalars: One float32 scalar per `update.scalar_names`.
-        weight_decay: As in host_apply_sgd. Defaults to `None`.
-        decay_learning_rate: As in host_apply_sgd. Defaults to `None`.
+        weight_decay: If set, first `var -= var * weight_decay *
+            decay_learning_rate`, as Keras applies weight decay. Defaults to
+            `None` (no weight decay).
+        decay_learning_rate: The learning rate Keras uses for weight decay
+            (needed when `weight_decay` is set). Defaults to `None`.
 
     Example:
         >>> v = tf.Variable([1.0, 2.0])
@@ -363,15 +366,9 @@ def host_apply_sgd(
     """`var -= sum(grads) * learning_rate` (keras.optimizers.SGD, momentum 0).
 
     Args:
-        var: float32 variable on the host.
-        grads: Non-empty list of gradients (float32/bfloat16/float16), summed
-            in float32 in list order.
+        var, grads, weight_decay, decay_learning_rate: As in
+            apply_host_update.
         learning_rate: float32 scalar.
-        weight_decay: If set, first `var -= var * weight_decay *
-            decay_learning_rate`, as Keras applies weight decay. Defaults to
-            `None` (no weight decay).
-        decay_learning_rate: The learning rate Keras uses for weight decay
-            (needed when `weight_decay` is set). Defaults to `None`.
 
     Example:
         >>> v = tf.Variable([1.0, 2.0])
@@ -400,18 +397,13 @@ def host_apply_momentum(
     `var += m * momentum - g * lr`.
 
     Args:
-        var: float32 variable on the host.
+        var, grads, weight_decay, decay_learning_rate: As in
+            apply_host_update.
         momentum_slot: float32 variable of `var`'s shape: the momentum `m`,
             updated in place.
-        grads: Non-empty list of gradients (float32/bfloat16/float16), summed
-            in float32 in list order.
         learning_rate: float32 scalar.
         momentum: float32 scalar.
         nesterov: Use Nesterov momentum. Defaults to `False`.
-        weight_decay: As in host_apply_sgd. Defaults to `None` (no weight
-            decay).
-        decay_learning_rate: As in host_apply_sgd (needed when
-            `weight_decay` is set). Defaults to `None`.
 
     Example:
         >>> v, m = tf.Variable([1.0]), tf.Variable([0.0])
@@ -445,21 +437,16 @@ def host_apply_adam(
     computed by the caller).
 
     Args:
-        var: float32 variable on the host.
+        var, grads, weight_decay, decay_learning_rate: As in
+            apply_host_update.
         m: float32 variable of `var`'s shape: the first moment, updated in
             place.
         v: float32 variable of `var`'s shape: the second moment, updated in
             place.
-        grads: Non-empty list of gradients (float32/bfloat16/float16), summed
-            in float32 in list order.
         alpha: float32 scalar: the bias-corrected learning rate above.
         one_minus_beta_1: float32 scalar, `1 - beta_1` as Keras computes it.
         one_minus_beta_2: float32 scalar, `1 - beta_2` as Keras computes it.
         epsilon: float32 scalar.
-        weight_decay: As in host_apply_sgd. Defaults to `None` (no weight
-            decay).
-        decay_learning_rate: As in host_apply_sgd (needed when
-            `weight_decay` is set). Defaults to `None`.
 
     Example:
         >>> w, m, v = tf.Variable([1.0]), tf.Variable([0.0]), tf.Variable([0.0])

@@ -25,10 +25,10 @@ from tf_glp.tuning import rounds
 
 def startup_choices(strategy) -> dict:
     """`strategy`'s start-up choices by what they choose, in the order fit
-    runs them: update="auto"'s concept (its strategy's own), the steps per
-    execution (on one device with the optimizer step decided first: the
-    counts' functions read it where they trace), chunking, and on one device
-    the optimizer step."""
+    runs them (listed in tf_glp/tuning/__init__.py), the strategy's own
+    (`_own_choices`: the concept under update="auto") first. On one device
+    the optimizer step comes last, yet the execution choice decides it
+    before its own counts (their functions read it where they trace)."""
     own = strategy._own_choices()
     step = own.pop("optimizer step", None)
     choices = {**own, "execution": execution_choice.ExecutionChoice(strategy, step.decide if step else None),

@@ -214,14 +214,13 @@ def _build_without_optimizer(model, data) -> None:
 # -- the measurement ---------------------------------------------------------
 def measure(model, strategy, data, candidates: list, choice: UpdateChoice, failed: dict,
             alone: dict | None = None) -> dict:
-    """Times every candidate concept on one batch `data` (a built model; see
-    the module docstring), and each of `alone` ({name: a function returning
-    a train function and its iterator}) in the same rounds; returns {concept
-    or name: [ms per step, one per round]}. One other than the default whose
-    trace or any step raises (in a timed round too) is left out, its error
-    put in `failed`. The model's variables and metrics end as they started;
-    the user's optimizer is untouched. While a candidate is traced it is
-    choice.concept (the strategy's concept: the trace reads it)."""
+    """Times every candidate concept on one batch `data` (a built model),
+    and each of `alone` ({name: a function returning a train function and
+    its iterator}) in the same rounds, as the module docstring's "How"
+    says; returns {concept or name: [ms per step, one per round]}. One
+    other than the default whose trace or any step raises (in a timed round
+    too) is left out, its error put in `failed`. While a candidate is traced
+    it is choice.concept (the strategy's concept: the trace reads it)."""
     user_optimizer = model.optimizer
     restore = rounds_lib.variables_kept(strategy, model.variables)
     dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(data).repeat())

@@ -8,11 +8,14 @@ share, and the interface each implements.
 - store.py: the plan store (one cache per user and machine).
 
 The choices (StartupChoice), in the order tf_glp/strategy/fit_setup.py runs
-them: update="auto"'s concept (strategy/update_choice.py), the steps per
-execution and XLA (strategy/execution_choice.py), chunking="auto"
-(strategy/chunking_decision.py), the one-device optimizer step
-(strategy/one_device_strategy.py). The layer profiler (tf_glp/callbacks/
-concurrency_profiler.py) is a callback the user adds, with a plan of its own.
+them (the one list of them; other modules point here): update="auto"'s
+concept (strategy/update_choice.py), the steps per execution and XLA
+(strategy/execution_choice.py), chunking="auto"
+(strategy/chunking_decision.py), on one device the optimizer step
+(strategy/one_device_strategy.py; decided early, inside the execution
+choice: fit_setup.startup_choices). Their win thresholds: rule.py. The
+layer profiler (tf_glp/callbacks/concurrency_profiler.py) is a callback the
+user adds, with a plan of its own.
 """
 
 from __future__ import annotations

@@ -5,13 +5,8 @@ A candidate replaces the way in use only where it measured faster beyond
 the spread: its median at least the choice's gain times faster, and its
 interquartile range entirely below the way in use's (this machine's speed
 drifts by phases of seconds; two overlapping ranges cannot tell the ways
-apart). The gains:
-
-- CONCEPT_GAIN: update="auto"'s concept against "host" (strategy/update_choice.py);
-- OPTIMIZER_STEP_GAIN: the fused update against Keras' own on one device
-  (profiling/optimizer_step.py);
-- COUNT_GAIN: a number of steps per call, and XLA, against the way as
-  compiled (strategy/execution_choice.py).
+apart). Each choice's gain is a constant below (the choices themselves:
+tf_glp/tuning/__init__.py).
 
 Two choices weigh other evidence and keep their own thresholds beside it:
 the layer profiler's lane counts (profiling/choice.py, MIN_SPEEDUP 2.0: a
@@ -24,8 +19,12 @@ from __future__ import annotations
 
 import statistics
 
+# update="auto"'s concept against "host" (strategy/update_choice.py).
 CONCEPT_GAIN = 1.05
+# The fused update against Keras' own on one device (profiling/optimizer_step.py).
 OPTIMIZER_STEP_GAIN = 1.05
+# A number of steps per call, and XLA, against the way as compiled
+# (strategy/execution_choice.py).
 COUNT_GAIN = 1.05
 
 

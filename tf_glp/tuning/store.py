@@ -6,8 +6,7 @@ By default one file per user and machine in the platform's cache folder
 (`$TF_GLP_CACHE_DIR`, else `$XDG_CACHE_HOME/tf_glp`, else `~/.cache/tf_glp`),
 so a script's working folder stays clean and two scripts in one folder do not
 measure each other's models again; `plan_path=` names another file, None
-keeps nothing. The file holds sections (one per choice: the update concept,
-the steps per execution, the one-device optimizer step), each a list of
+keeps nothing. The file holds sections (SECTIONS below), each a list of
 entries; an entry is found by its whole key (the model's shapes, batch,
 devices, the machine: CPU model and instruction set, the TensorFlow, Keras
 and tf_glp versions), and an entry whose key differs is never used.
@@ -38,8 +37,9 @@ AUTO = "auto"
 ENVIRONMENT = "TF_GLP_CACHE_DIR"
 FILE_NAME = "strategy_plans.json"
 LAYER_PLANS = "layer_plans"
-# The sections, one per start-up choice (update_choice.py, execution_choice.py,
-# one_device_strategy.py).
+# The sections, one per start-up choice kept here: the update concept
+# (update_choice.py), the steps per execution (execution_choice.py), the
+# one-device optimizer step (one_device_strategy.py).
 PLANS, EXECUTIONS, OPTIMIZER_STEPS = "plans", "executions", "optimizer_steps"
 SECTIONS = (PLANS, EXECUTIONS, OPTIMIZER_STEPS)
 # The key fields that say which model an entry is for; the others say where
