@@ -40,28 +40,18 @@ __version__ = "0.1.0"
 __all__ = ["NativeStatus", "Strategy", "callbacks", "environment_cluster", "layers", "native_available", "ops",
            "plan", "profile", "slurm_cluster", "strategy"]
 
-_LAZY_SUBMODULES = {"callbacks": "tf_glp.callbacks", "layers": "tf_glp.layers", "ops": "tf_glp.ops",
-                    "plan": "tf_glp.profiling.plan", "strategy": "tf_glp.strategy"}
+# Loaded on first use (they import TensorFlow): name -> (module, attribute or None for the module).
+_LAZY = {"Strategy": ("tf_glp.strategy", "Strategy"), "profile": ("tf_glp.profiling.profiler", "profile"),
+         "slurm_cluster": ("tf_glp.strategy.resolvers", "slurm_cluster"),
+         "environment_cluster": ("tf_glp.strategy.resolvers", "environment_cluster"),
+         "callbacks": ("tf_glp.callbacks", None), "layers": ("tf_glp.layers", None), "ops": ("tf_glp.ops", None),
+         "plan": ("tf_glp.profiling.plan", None), "strategy": ("tf_glp.strategy", None)}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Strategy":
-        from tf_glp.strategy import Strategy  # noqa: PLC0415 (lazy: imports TensorFlow)
-
-        globals()["Strategy"] = Strategy
-        return Strategy
-    if name == "profile":
-        from tf_glp.profiling.profiler import profile  # noqa: PLC0415 (lazy: imports TensorFlow)
-
-        globals()["profile"] = profile
-        return profile
-    if name in ("slurm_cluster", "environment_cluster"):
-        from tf_glp.strategy import resolvers  # noqa: PLC0415 (lazy: imports TensorFlow)
-
-        globals()[name] = getattr(resolvers, name)
-        return globals()[name]
-    if name in _LAZY_SUBMODULES:
-        module = importlib.import_module(_LAZY_SUBMODULES[name])
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module 'tf_glp' has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module 'tf_glp' has no attribute {name!r}")
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(module_name)
+    globals()[name] = module if attribute is None else getattr(module, attribute)
+    return globals()[name]

@@ -101,7 +101,7 @@ def test_chosen_steps_per_execution_trains_bitwise_like_the_count_written_by_han
     assert record.ways == [(4, False)]  # XLA measured fastest, but not allowed
     assert (model.steps_per_execution, model.jit_compile) == (1, False)  # the user's again after fit
     explain = strategy.explain()
-    assert "steps_per_execution=4, no XLA: 3.00x faster than 1" in explain, explain
+    assert "steps_per_execution=4, no XLA: 3.00x as fast as 1" in explain, explain
     assert "pass tf_glp.Strategy(allow_xla=True)" in explain, explain
 
     by_hand = _model(steps_per_execution=4)
@@ -133,7 +133,7 @@ def test_replicas_choose_the_count_too_and_train_bitwise_like_the_count_written_
     record = Record()
     history = _fit(model, [record])
     assert record.ways == [(4, False)] and "XLA 4" not in calls  # XLA: one device only
-    assert "steps_per_execution=4, no XLA: 3.00x faster than 1" in strategy.explain()
+    assert "steps_per_execution=4, no XLA: 3.00x as fast as 1" in strategy.explain()
     by_hand = tf_glp.Strategy(devices, update=update, plan_path=None)
     with by_hand.scope():
         model_by_hand = _model(steps_per_execution=4)
@@ -243,20 +243,19 @@ def test_callbacks_that_mind_the_steps_per_call():
 
 def test_the_first_round_weighs_the_rest():
     """Note [Counts on the real steps]: after one round of count 1 and the
-    largest (16), the rest is measured only where its rounds cost at most a
-    quarter of what 16 was seen to save over the rest of the fit; else the
-    first round decides for fits as long; a clear win is taken."""
+    largest (16), a clear win is taken; more rounds run only where their
+    steps (3 more calls of 16 at the slower count) are at most a quarter of
+    the steps left; else the first round decides for fits as long."""
     weigh = execution_choice._weigh  # noqa: SLF001
     choice = tf_glp.Strategy(plan_path=None)._choices["execution"]  # noqa: SLF001
-    # 16 saves 0.2 ms per step. 3 more rounds in which 1 runs 16 steps, 0.2
-    # ms per step slower: 0.0096 s, at most a quarter of the saving.
-    assert weigh(choice, 20_000, 20_000, 1.0, 0.8, 16) == (None, "", False)  # saves 4 s
-    assert weigh(choice, 20_000, 200, 1.0, 0.8, 16) == (None, "", False)  # saves 0.04 s
-    count, why, final = weigh(choice, 20_000, 150, 1.0, 0.8, 16)  # 0.03 s left to save
-    assert (count, final) == (16, False) and "taken for fits of up to 20000 steps: more rounds would cost " \
-        "about 0.01 s, more than 0.25 of the about 0.03 s it saves over the 150 steps left" in why, why
-    count, why, final = weigh(choice, 5_000, 5_000, 1.0, 1.02, 16)
-    assert (count, final) == (1, False) and "not faster than 1 in a first round (1.02 against 1.00 ms" in why
+    assert weigh(choice, 20_000, 20_000, 1.0, 0.8, 16) == (None, "", False)
+    assert weigh(choice, 20_000, 192, 1.0, 1.02, 16) == (None, "", False)  # (48 steps: a quarter of 192)
+    count, why, final = weigh(choice, 20_000, 150, 1.0, 0.8, 16)
+    assert (count, final) == (16, False) and "16 steps per call 1.25x as fast as 1 in a first round, kept for fits " \
+        "of up to 20000 steps: more rounds would run 48 of the 150 steps left at the slower count, more than " \
+        "0.25 of them" in why, why
+    count, why, final = weigh(choice, 5_000, 150, 1.0, 1.02, 16)
+    assert (count, final) == (1, False) and "0.98x as fast as 1 in a first round" in why, why
     count, why, final = weigh(choice, 600, 600, 3.0, 1.0, 16)  # a clear win
     assert (count, final) == (16, True) and why.startswith("3.00x faster than 1 in a first round, at least 1.5x")
 
@@ -277,7 +276,7 @@ def test_the_count_is_switched_within_the_first_epoch_and_trains_bitwise_like_th
     x, y = rng.random((224 * BATCH, 12), dtype=np.float32), rng.integers(0, 3, 224 * BATCH)
     history = model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False)
     assert [label for label in calls[::2] if label] == ["1", "16", "1", "16", "16", "1"], calls
-    assert "steps_per_execution=16, no XLA: 3.00x faster than 1, beyond the spread" in strategy.explain(), \
+    assert "steps_per_execution=16, no XLA: 3.00x as fast as 1 by the medians" in strategy.explain(), \
         strategy.explain()
     # One trace per count, count 1's by XLA's weighing (before fit, on a copy of the first batch).
     assert len(traces) == 2, traces
@@ -288,16 +287,25 @@ def test_the_count_is_switched_within_the_first_epoch_and_trains_bitwise_like_th
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), err_msg=mine.path)
 
 
+def test_one_step_per_call_runs_only_where_it_is_faster_beyond_the_spread():
+    strategy = _strategy({"1": 1.0, "4": 3.0, "XLA 4": 3.0})
+    with strategy.scope():
+        model = _model()
+    _fit(model)
+    assert "steps_per_execution=1, no XLA: 1 faster than 4 steps per call beyond the spread (3.00x)" in \
+        strategy.explain(), strategy.explain()
+
+
 def test_a_kept_way_is_remembered_for_fits_as_long_and_a_longer_fit_measures_again(tmp_path):
     plan = str(tmp_path / "plan.json")
     first = _strategy(FAST_4, plan_path=plan)
     choice = first._choices["execution"]  # noqa: SLF001
-    choice.budget, choice.rounds = 0.0, 3  # (a round to run after the first, and it costs more than it saves)
+    choice.budget, choice.rounds = 0.0, 3  # (one round after the first, and no steps to spare for it)
     with first.scope():
         model = _model()
     _fit(model)
-    assert "steps_per_execution=4, no XLA: 3.00x faster than 1 in a first round, taken for fits of up to 40 " \
-        "steps: more rounds would cost about" in first.explain(), first.explain()
+    assert "steps_per_execution=4, no XLA: 4 steps per call 3.00x as fast as 1 in a first round, kept for fits " \
+        "of up to 40 steps: more rounds would run" in first.explain(), first.explain()
     calls = []
     again = _strategy(FAST_4, calls, plan_path=plan)
     with again.scope():
@@ -310,7 +318,7 @@ def test_a_kept_way_is_remembered_for_fits_as_long_and_a_longer_fit_measures_aga
         model = _model()
     _fit(model, [record], epochs=EPOCHS + 1)
     assert calls and record.ways[-1] == (4, False)  # measured again, in rounds with the budget lifted
-    assert "4, no XLA: 3.00x faster than 1, beyond the spread" in longer.explain(), longer.explain()
+    assert "4, no XLA: 3.00x as fast as 1 by the medians" in longer.explain(), longer.explain()
 
 
 def test_a_clear_first_round_is_taken_and_xla_without_consent_only_where_its_compile_is_small():

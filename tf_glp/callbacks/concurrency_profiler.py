@@ -154,11 +154,7 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
                 self.plan.optimizer = self._step
                 if self.plan_file and self._writes:
                     profiler.write_plan(self.plan, self.plan_file)
-        fused = self._step["choice"] == "fused"
-        if fused == optimizer_step.uses_fused_update(optimizer):
-            return False
-        optimizer_step.use_fused_update(optimizer, fused)
-        return True
+        return optimizer_step.take(optimizer, self._step)
 
     def _take_the_chiefs_choices(self, agree) -> None:
         """Every worker runs the chief's plan: the same kernels, so the

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tf_glp import _native
 from tf_glp._limits import MAX_CONCURRENCY
-from tf_glp.ops._common import invalid
+from tf_glp.ops._common import FLOAT_DTYPES, invalid
 
 
 def check_concurrency(concurrency: int, op_name: str = "concurrency") -> int:
@@ -48,8 +48,6 @@ def _padding(padding: str, op_name: str) -> str:
         raise ValueError(f"{op_name}: padding must be 'valid' or 'same', got {padding!r}")
     return padding.upper()
 
-
-FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
 
 
 def _floats(op_name: str, **named) -> list[tf.Tensor]:

@@ -75,6 +75,16 @@ def uses_fused_update(optimizer) -> bool:
     return patches.fused_update_of(optimizer) is not None
 
 
+def take(optimizer, record: dict) -> bool:
+    """Sets the update `record` (see `record`) chose on `optimizer`; True if
+    its step changed (a traced train function must then be traced anew)."""
+    fused = record["choice"] == "fused"
+    if fused == uses_fused_update(optimizer):
+        return False
+    use_fused_update(optimizer, fused)
+    return True
+
+
 def _timed_shapes(variables) -> list[tuple[int, ...]]:
     """The scratch variables' shapes: the model's, largest first, while they
     fit in MAX_TIMED_PARAMETERS; a variable larger than that is timed on as

@@ -55,9 +55,9 @@ from tf_glp.tuning import rounds as rounds_lib, rule, store
 
 SPE_CANDIDATES = (4, 16)  # the largest that fits in an epoch is timed against 1
 ROUNDS = 5
-# Note [Counts on the real steps]: the rest of the measurement may cost at
-# most BUDGET times what the first round shows the largest count saving; a
-# count PROBE_WIN or more faster in that round is taken at once.
+# Note [Counts on the real steps]: more rounds run only where their steps
+# are at most BUDGET of the fit's steps left; a largest count PROBE_WIN or
+# more faster in the first round is taken at once.
 BUDGET = 0.25
 PROBE_WIN = 1.5
 # Without the user's consent XLA is measured (for explain()'s hint) only where
@@ -334,43 +334,41 @@ class PutBack(keras.callbacks.Callback):
 # Several steps per call change no number, so the counts are timed on the
 # fit's own steps: count 1 and the largest (16, or 4 where an epoch is
 # shorter). More steps per call only remove dispatch, so no count between is
-# timed (4 was never the fastest in the rounds RESULTS.md records). Keras'
-# epoch loop calls fit's train function every `largest` steps; that function
-# is CountRounds, which runs each call's steps at the count being timed (an
-# epoch's shorter last call at count 1), so every call advances the fit
-# alike. Both counts run on Keras' own train functions, each traced at its
-# first call (not timed) as plain Keras traces it. Count 1 is timed first:
-# a step of LONG_STEP_S or more keeps 1 (no dispatch worth removing; the
-# largest is never traced). Else the largest is traced, then timed, then 1
-# and the largest again (the first round: two calls of each, their means).
-# A largest choice.probe_win or more faster is taken. Else what the first
-# round shows it saving over the rest of the fit is weighed against what the
-# rounds still to run cost: above choice.budget times the saving, the first
-# round decides for fits as long (the largest where it was faster, else 1;
-# a longer fit measures again); else both run interleaved up to
-# choice.rounds calls each and the kit's rule decides. The winner runs from
-# the next call and is kept for the next fit. The weights are count 1's
-# (tested bitwise against the count by hand).
+# timed (4 was never the fastest in the rounds RESULTS.md records), and 1
+# replaces the largest only where it is faster beyond the spread (the kit's
+# rule, with the largest as the way in use). Keras' epoch loop calls fit's
+# train function every `largest` steps; that function is CountRounds, which
+# runs each call's steps at the count being timed (an epoch's shorter last
+# call at count 1), so every call advances the fit alike. Both counts run on
+# Keras' own train functions, each traced at its first call (not timed) as
+# plain Keras traces it. Count 1 is timed first: a step of LONG_STEP_S or
+# more keeps 1 (no dispatch worth removing; the largest is never traced).
+# Else the largest is traced, then timed, then 1 and the largest again (the
+# first round: two calls of each, their means). A largest choice.probe_win
+# or more faster is taken. Else the rounds still to run (choice.rounds in
+# all) run their steps at the slower count, while deciding right gains on
+# every step left: where they would take more than choice.budget of the
+# steps left, the first round decides for fits as long (the faster count; a
+# longer fit measures again). The winner runs from the next call and is
+# kept for the next fit. The weights are count 1's (tested bitwise against
+# the count by hand).
 def _weigh(choice: ExecutionChoice, fit_steps: int, rest_steps: int, one_ms: float, largest_ms: float,
            largest: int) -> tuple[int | None, str, bool]:
     """After the first round (see the note above): (None, "", False) to
     measure on, or the count that runs from now, why, and whether for good
     (else for fits as long as this one)."""
-    if one_ms <= largest_ms:
-        return 1, (f"{largest} steps per call were not faster than 1 in a first round "
-                   f"({largest_ms:.2f} against {one_ms:.2f} ms per step)"), False
     if one_ms >= choice.probe_win * largest_ms:
         return largest, (f"{one_ms / largest_ms:.2f}x faster than 1 in a first round, at least "
                          f"{choice.probe_win}x: taken without more rounds"), True
-    saving_s = rest_steps * (one_ms - largest_ms) / 1e3
-    # Each round still to run has one call of `largest` steps at count 1 (with
-    # BUDGET < 1/2 the rounds also fit in the steps left).
-    rest_s = (choice.rounds - 2) * largest * (one_ms - largest_ms) / 1e3
-    if rest_s > choice.budget * saving_s:
-        return largest, (f"{one_ms / largest_ms:.2f}x faster than 1 in a first round, taken for fits of up to "
-                         f"{fit_steps} steps: more rounds would cost about {rest_s:.2f} s, more than {choice.budget} "
-                         f"of the about {saving_s:.2f} s it saves over the {rest_steps} steps left"), False
-    return None, "", False
+    # The rounds still to run take `largest` steps each at the slower count;
+    # deciding right gains that count's difference on every step left.
+    rounds_steps = (choice.rounds - 2) * largest
+    if rounds_steps <= choice.budget * rest_steps:
+        return None, "", False
+    count = largest if largest_ms < one_ms else 1
+    return count, (f"{largest} steps per call {one_ms / largest_ms:.2f}x as fast as 1 in a first round, kept for "
+                   f"fits of up to {fit_steps} steps: more rounds would run {rounds_steps} of the {rest_steps} steps "
+                   f"left at the slower count, more than {choice.budget} of them"), False
 
 
 class CountRounds(keras.callbacks.Callback):
@@ -479,10 +477,12 @@ class CountRounds(keras.callbacks.Callback):
                                        statistics.mean(one), statistics.mean(many), largest)
             if count is not None:
                 return self._decide(count, why, kept=not final)
-        if min(len(one), len(many)) >= choice.rounds:
-            wins, gain = rule.beats(one, many, rule.COUNT_GAIN)
-            return self._decide(largest if wins else 1, f"{gain:.2f}x faster than 1, beyond the spread" if wins
-                                else f"{largest} not faster than 1 beyond the spread ({gain:.2f}x by the medians)")
+        if min(len(one), len(many)) >= choice.rounds:  # (1 only where it is faster beyond the spread)
+            wins, gain = rule.beats(many, one, rule.COUNT_GAIN)
+            if wins:
+                return self._decide(1, f"1 faster than {largest} steps per call beyond the spread ({gain:.2f}x)")
+            return self._decide(largest, f"{1 / gain:.2f}x as fast as 1 by the medians (1 runs only where it is "
+                                         f"faster beyond the spread)")
         self._queue = [1, largest] if len(one) % 2 else [largest, 1]
         return None
 

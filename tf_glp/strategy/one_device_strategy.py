@@ -83,11 +83,7 @@ class OptimizerStepChoice:
         else:
             self.record = {"optimizer_class": type(optimizer).__name__, "choice": "native", "reason": why}
         self._optimizer_id = id(optimizer)
-        fused = self.record["choice"] == "fused"
-        if fused == optimizer_step.uses_fused_update(optimizer):
-            return False
-        optimizer_step.use_fused_update(optimizer, fused)  # as the start-up profiler sets it
-        return True
+        return optimizer_step.take(optimizer, self.record)  # (as the start-up profiler sets it)
 
     def explain_line(self) -> str:
         if self.record is None:
