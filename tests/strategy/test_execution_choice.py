@@ -243,20 +243,22 @@ def test_callbacks_that_mind_the_steps_per_call():
 
 def test_the_first_round_weighs_the_rest():
     """Note [Counts on the real steps]: after one round of count 1 and the
-    largest (16), a clear win is taken; more rounds run only where their
-    steps (3 more calls of 16 at the slower count) are at most a quarter of
-    the steps left; else the first round decides for fits as long."""
+    largest (16), two calls each, a clear win is taken; more rounds run only
+    where their steps (3 more calls of 16 at the slower count) are at most a
+    quarter of the steps left; else the first round decides for fits as
+    long, by the same rule (1 only where faster beyond the spread)."""
     weigh = execution_choice._weigh  # noqa: SLF001
     choice = tf_glp.Strategy(plan_path=None)._choices["execution"]  # noqa: SLF001
-    assert weigh(choice, 20_000, 20_000, 1.0, 0.8, 16) == (None, "", False)
-    assert weigh(choice, 20_000, 192, 1.0, 1.02, 16) == (None, "", False)  # (48 steps: a quarter of 192)
-    count, why, final = weigh(choice, 20_000, 150, 1.0, 0.8, 16)
-    assert (count, final) == (16, False) and "16 steps per call 1.25x as fast as 1 in a first round, kept for fits " \
-        "of up to 20000 steps: more rounds would run 48 of the 150 steps left at the slower count, more than " \
-        "0.25 of them" in why, why
-    count, why, final = weigh(choice, 5_000, 150, 1.0, 1.02, 16)
-    assert (count, final) == (1, False) and "0.98x as fast as 1 in a first round" in why, why
-    count, why, final = weigh(choice, 600, 600, 3.0, 1.0, 16)  # a clear win
+    assert weigh(choice, 20_000, 20_000, [1.0, 1.0], [0.8, 0.8], 16) == (None, "", False)
+    assert weigh(choice, 20_000, 192, [1.0, 1.0], [1.02, 1.02], 16) == (None, "", False)  # (48: a quarter of 192)
+    count, why, final = weigh(choice, 20_000, 150, [1.0, 1.0], [0.8, 0.8], 16)
+    assert (count, final) == (16, False) and "16 steps per call 1.25x as fast as 1 in a first round (1 runs only " \
+        "where it is faster beyond the spread), kept for fits of up to 20000 steps: more rounds would run 48 of " \
+        "the 150 steps left at the slower count, more than 0.25 of them" in why, why
+    assert weigh(choice, 5_000, 150, [1.0, 1.01], [1.02, 1.0], 16)[0] == 16  # (1 not faster beyond the spread)
+    count, why, final = weigh(choice, 5_000, 150, [1.0, 1.0], [1.2, 1.2], 16)
+    assert (count, final) == (1, False) and "0.83x as fast as 1 in a first round" in why, why
+    count, why, final = weigh(choice, 600, 600, [3.0, 3.0], [1.0, 1.0], 16)  # a clear win
     assert (count, final) == (16, True) and why.startswith("3.00x faster than 1 in a first round, at least 1.5x")
 
 
@@ -304,8 +306,9 @@ def test_a_kept_way_is_remembered_for_fits_as_long_and_a_longer_fit_measures_aga
     with first.scope():
         model = _model()
     _fit(model)
-    assert "steps_per_execution=4, no XLA: 4 steps per call 3.00x as fast as 1 in a first round, kept for fits " \
-        "of up to 40 steps: more rounds would run" in first.explain(), first.explain()
+    assert "steps_per_execution=4, no XLA: 4 steps per call 3.00x as fast as 1 in a first round (1 runs only " \
+        "where it is faster beyond the spread), kept for fits of up to 40 steps: more rounds would run" in \
+        first.explain(), first.explain()
     calls = []
     again = _strategy(FAST_4, calls, plan_path=plan)
     with again.scope():

@@ -11,9 +11,9 @@ replicas it is refused: tf_glp's host ops run outside it, no_xla.py).
 
 Count 1 and the largest of 4 and 16 that fits in an epoch are measured on
 the user's own training steps (Note [Counts on the real steps]): the
-measurement costs one trace, where count 1's step is short, and the steps
-run at count 1. XLA changes the numbers: it is timed on a scratch copy
-before fit (xla_rounds.py). A way wins with the kit's rule
+measurement costs count 1's trace, where its step is short, and the steps
+run at the slower count. XLA changes the numbers: it is timed on a scratch
+copy before fit (xla_rounds.py). A way wins with the kit's rule
 (tuning/rule.py, COUNT_GAIN).
 
 What is kept as the user wrote it (not measured):
@@ -348,27 +348,30 @@ class PutBack(keras.callbacks.Callback):
 # or more faster is taken. Else the rounds still to run (choice.rounds in
 # all) run their steps at the slower count, while deciding right gains on
 # every step left: where they would take more than choice.budget of the
-# steps left, the first round decides for fits as long (the faster count; a
+# steps left, the first round decides for fits as long (by the same rule; a
 # longer fit measures again). The winner runs from the next call and is
 # kept for the next fit. The weights are count 1's (tested bitwise against
 # the count by hand).
-def _weigh(choice: ExecutionChoice, fit_steps: int, rest_steps: int, one_ms: float, largest_ms: float,
+def _weigh(choice: ExecutionChoice, fit_steps: int, rest_steps: int, one: list[float], many: list[float],
            largest: int) -> tuple[int | None, str, bool]:
-    """After the first round (see the note above): (None, "", False) to
-    measure on, or the count that runs from now, why, and whether for good
-    (else for fits as long as this one)."""
-    if one_ms >= choice.probe_win * largest_ms:
-        return largest, (f"{one_ms / largest_ms:.2f}x faster than 1 in a first round, at least "
-                         f"{choice.probe_win}x: taken without more rounds"), True
+    """After the first round (`one`, `many`: count 1's and the largest's ms
+    per step; see the note above): (None, "", False) to measure on, or the
+    count that runs from now, why, and whether for good (else for fits as
+    long as this one)."""
+    gain = statistics.mean(one) / statistics.mean(many)
+    if gain >= choice.probe_win:
+        return largest, (f"{gain:.2f}x faster than 1 in a first round, at least {choice.probe_win}x: taken "
+                         f"without more rounds"), True
     # The rounds still to run take `largest` steps each at the slower count;
     # deciding right gains that count's difference on every step left.
     rounds_steps = (choice.rounds - 2) * largest
     if rounds_steps <= choice.budget * rest_steps:
         return None, "", False
-    count = largest if largest_ms < one_ms else 1
-    return count, (f"{largest} steps per call {one_ms / largest_ms:.2f}x as fast as 1 in a first round, kept for "
-                   f"fits of up to {fit_steps} steps: more rounds would run {rounds_steps} of the {rest_steps} steps "
-                   f"left at the slower count, more than {choice.budget} of them"), False
+    count = 1 if rule.beats(many, one, rule.COUNT_GAIN)[0] else largest
+    return count, (f"{largest} steps per call {gain:.2f}x as fast as 1 in a first round (1 runs only where it is "
+                   f"faster beyond the spread), kept for fits of up to {fit_steps} steps: more rounds would run "
+                   f"{rounds_steps} of the {rest_steps} steps left at the slower count, more than {choice.budget} of "
+                   f"them"), False
 
 
 class CountRounds(keras.callbacks.Callback):
@@ -473,8 +476,7 @@ class CountRounds(keras.callbacks.Callback):
             self._queue = [largest, 1, largest]
             return None
         if len(many) == 2:  # the first round
-            count, why, final = _weigh(choice, self._fit_steps, self._fit_steps - self._steps,
-                                       statistics.mean(one), statistics.mean(many), largest)
+            count, why, final = _weigh(choice, self._fit_steps, self._fit_steps - self._steps, one, many, largest)
             if count is not None:
                 return self._decide(count, why, kept=not final)
         if min(len(one), len(many)) >= choice.rounds:  # (1 only where it is faster beyond the spread)
