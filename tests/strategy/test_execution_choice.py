@@ -95,10 +95,13 @@ def test_chosen_steps_per_execution_trains_bitwise_like_the_count_written_by_han
     strategy = _strategy(FAST_4)
     with strategy.scope():
         model = _model()
+    traces, step = [], model.train_step
+    model.train_step = lambda data: traces.append(1) or step(data)  # (runs once per trace)
     record = Record()
     checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "glp.weights.h5"), save_weights_only=True)
     history = _fit(model, [record, checkpoint])
     assert record.ways == [(4, False)]  # XLA measured fastest, but not allowed
+    assert len(traces) == 3, traces  # 1, 4 and XLA 4, each once: the fit runs on the XLA weighing's traces
     assert (model.steps_per_execution, model.jit_compile) == (1, False)  # the user's again after fit
     explain = strategy.explain()
     assert "steps_per_execution=4, no XLA: 3.00x as fast as 1" in explain, explain

@@ -49,7 +49,6 @@ def _padding(padding: str, op_name: str) -> str:
     return padding.upper()
 
 
-
 def _floats(op_name: str, **named) -> list[tf.Tensor]:
     """The named values as tensors of one float dtype (float32, or float16 /
     bfloat16 for mixed precision), or InvalidArgumentError naming the bad one."""
