@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras
 import tf_glp
@@ -299,6 +300,21 @@ def test_one_step_per_call_runs_only_where_it_is_faster_beyond_the_spread():
     _fit(model)
     assert "steps_per_execution=1, no XLA: 1 faster than 4 steps per call beyond the spread (3.00x)" in \
         strategy.explain(), strategy.explain()
+
+
+def test_with_steps_per_epoch_only_a_count_that_divides_it():
+    """Keras' epoch loop makes a call of N steps also where fewer are left in
+    an epoch of steps_per_epoch (the input does not end there), so 16 would
+    train 32 steps of 20 per epoch: a count that divides it (4) is timed."""
+    strategy = _strategy({"1": 3.0, "4": 1.0, "16": 0.5, "XLA 4": 3.0, "XLA 16": 3.0})
+    with strategy.scope():
+        model = _model()
+    x, y = _data()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat()
+    model.fit(dataset, steps_per_epoch=20, epochs=2, verbose=0)  # measured on its steps
+    model.fit(dataset, steps_per_epoch=20, epochs=2, verbose=0)  # the chosen count, on Keras' own loop
+    assert "steps_per_execution=4, no XLA" in strategy.explain(), strategy.explain()
+    assert int(model.optimizer.iterations.numpy()) == 80
 
 
 def test_a_kept_way_is_remembered_for_fits_as_long_and_a_longer_fit_measures_again(tmp_path):

@@ -9,7 +9,7 @@ much faster or much slower (benchmarks/RESULTS.md) and rounds differently,
 so it is measured, named, and used only where the user allows it (with
 replicas it is refused: tf_glp's host ops run outside it, no_xla.py).
 
-Count 1 and the largest of 4 and 16 that fits in an epoch are measured on
+Count 1 and the largest of 4 and 16 that Keras runs whole are measured on
 the user's own training steps (Note [Counts on the real steps]): the
 measurement costs count 1's trace, where its step is short, and the steps
 run at the slower count. XLA changes the numbers: it is timed on a scratch
@@ -53,7 +53,7 @@ from tf_glp.profiling import optimizer_step
 from tf_glp.strategy import xla_rounds
 from tf_glp.tuning import rounds as rounds_lib, rule, store
 
-SPE_CANDIDATES = (4, 16)  # the largest that fits in an epoch is timed against 1
+SPE_CANDIDATES = (4, 16)  # the largest Keras runs whole (_whole) is timed against 1
 ROUNDS = 5
 # Note [Counts on the real steps]: more rounds run only where their steps
 # are at most BUDGET of the fit's steps left; a largest count PROBE_WIN or
@@ -207,7 +207,7 @@ class ExecutionChoice:
             return []
         epoch_steps = rounds_lib.epoch_steps(arguments, batch)
         counts = ([compiled.steps_per_execution] if "steps_per_execution" in state.explicit
-                  else [1, *[c for c in SPE_CANDIDATES if c <= (epoch_steps or c)][-1:]])
+                  else [1, *_whole(epoch_steps, bool(arguments.get("steps_per_epoch")))[-1:]])
         # (With replicas XLA is refused: no_xla.py.)
         measure_xla = strategy._is_one_device and "jit_compile" not in state.explicit and not compiled.xla
         if len(counts) == 1 and not measure_xla:
@@ -302,6 +302,15 @@ def _plan_key(model, strategy, batch: int | None, counts: list[int], xla: bool) 
                            candidates=counts, xla=xla, update=strategy.update_concept.name)
 
 
+def _whole(epoch_steps: int | None, steps_per_epoch: bool) -> list[int]:
+    """The candidates Keras runs whole: at most an epoch per call; with
+    steps_per_epoch, a divisor of it (Keras' epoch loop makes a call of N
+    steps also where fewer are left in the epoch, and the input does not
+    end there: the fit would train more steps than asked)."""
+    return [c for c in SPE_CANDIDATES if epoch_steps is None
+            or (c <= epoch_steps and not (steps_per_epoch and epoch_steps % c))]
+
+
 def _switch(model, state: ModelExecution, old: Way, new: Way) -> None:
     """Sets `new` on the model with its step functions (made by Keras when
     missing), keeping `old`'s for the way back."""
@@ -332,8 +341,8 @@ class PutBack(keras.callbacks.Callback):
 # -- the counts, on the real steps --------------------------------------------
 # Note [Counts on the real steps]
 # Several steps per call change no number, so the counts are timed on the
-# fit's own steps: count 1 and the largest (16, or 4 where an epoch is
-# shorter). More steps per call only remove dispatch, so no count between is
+# fit's own steps: count 1 and the largest Keras runs whole (16, or 4:
+# _whole). More steps per call only remove dispatch, so no count between is
 # timed (4 was never the fastest in the rounds RESULTS.md records), and 1
 # replaces the largest only where it is faster beyond the spread (the kit's
 # rule, with the largest as the way in use). Keras' epoch loop calls fit's
