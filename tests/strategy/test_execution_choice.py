@@ -302,19 +302,26 @@ def test_one_step_per_call_runs_only_where_it_is_faster_beyond_the_spread():
         strategy.explain(), strategy.explain()
 
 
-def test_with_steps_per_epoch_only_a_count_that_divides_it():
-    """Keras' epoch loop makes a call of N steps also where fewer are left in
-    an epoch of steps_per_epoch (the input does not end there), so 16 would
-    train 32 steps of 20 per epoch: a count that divides it (4) is timed."""
-    strategy = _strategy({"1": 3.0, "4": 1.0, "16": 0.5, "XLA 4": 3.0, "XLA 16": 3.0})
-    with strategy.scope():
-        model = _model()
+def test_with_steps_per_epoch_or_validation_steps_only_a_count_that_divides_them():
+    """Keras' loops make calls of N steps also where fewer are left (the
+    input going on): 16 would train 32 steps of 20 per epoch, or validate on
+    16 batches of 12. A count that divides both (4) is timed, and a later
+    fit on Keras' own loop trains and validates as the user's own would."""
     x, y = _data()
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat()
-    model.fit(dataset, steps_per_epoch=20, epochs=2, verbose=0)  # measured on its steps
-    model.fit(dataset, steps_per_epoch=20, epochs=2, verbose=0)  # the chosen count, on Keras' own loop
-    assert "steps_per_execution=4, no XLA" in strategy.explain(), strategy.explain()
-    assert int(model.optimizer.iterations.numpy()) == 80
+    for steps, validation_steps in ((20, None), (32, 12)):
+        strategy = _strategy({"1": 3.0, "4": 1.0, "16": 0.5, "XLA 4": 3.0, "XLA 16": 3.0})
+        with strategy.scope():
+            model = _model()
+        fit = dict(steps_per_epoch=steps, epochs=2, verbose=0, validation_data=dataset,
+                   validation_steps=validation_steps or steps)
+        model.fit(dataset, **fit)  # measured on its steps
+        history = model.fit(dataset, **fit).history  # the chosen count, on Keras' own loop
+        assert "steps_per_execution=4, no XLA" in strategy.explain(), strategy.explain()
+        assert int(model.optimizer.iterations.numpy()) == 4 * steps
+        by_hand = _model()
+        by_hand.fit(dataset, **fit)
+        assert by_hand.fit(dataset, **fit).history == history
 
 
 def test_a_kept_way_is_remembered_for_fits_as_long_and_a_longer_fit_measures_again(tmp_path):

@@ -207,7 +207,7 @@ class ExecutionChoice:
             return []
         epoch_steps = rounds_lib.epoch_steps(arguments, batch)
         counts = ([compiled.steps_per_execution] if "steps_per_execution" in state.explicit
-                  else [1, *_whole(epoch_steps, bool(arguments.get("steps_per_epoch")))[-1:]])
+                  else [1, *_whole(epoch_steps, arguments)[-1:]])
         # (With replicas XLA is refused: no_xla.py.)
         measure_xla = strategy._is_one_device and "jit_compile" not in state.explicit and not compiled.xla
         if len(counts) == 1 and not measure_xla:
@@ -302,13 +302,15 @@ def _plan_key(model, strategy, batch: int | None, counts: list[int], xla: bool) 
                            candidates=counts, xla=xla, update=strategy.update_concept.name)
 
 
-def _whole(epoch_steps: int | None, steps_per_epoch: bool) -> list[int]:
-    """The candidates Keras runs whole: at most an epoch per call; with
-    steps_per_epoch, a divisor of it (Keras' epoch loop makes a call of N
-    steps also where fewer are left in the epoch, and the input does not
-    end there: the fit would train more steps than asked)."""
-    return [c for c in SPE_CANDIDATES if epoch_steps is None
-            or (c <= epoch_steps and not (steps_per_epoch and epoch_steps % c))]
+def _whole(epoch_steps: int | None, arguments: dict) -> list[int]:
+    """The candidates Keras runs whole: at most an epoch per call, and
+    divisors of fit's steps_per_epoch and validation_steps where given
+    (Keras' loops make calls of N steps also where fewer are left, and the
+    input need not end there: training would run more steps than asked,
+    validation would average more batches)."""
+    given = [int(arguments[name]) for name in ("steps_per_epoch", "validation_steps") if arguments.get(name)]
+    return [c for c in SPE_CANDIDATES
+            if (epoch_steps is None or c <= epoch_steps) and not any(steps % c for steps in given)]
 
 
 def _switch(model, state: ModelExecution, old: Way, new: Way) -> None:
