@@ -139,11 +139,8 @@ class ExecutionChoice:
         self._strategy, self.before_measuring = strategy, before_measuring
         self.allow_xla = strategy.settings.allow_xla and strategy._is_one_device
         self.plan_path = store.resolve(strategy.settings.plan_path)
-        self.clock = clock
-        self.current = ""  # the label of the way being timed (read by an injected clock)
-        self.rounds = ROUNDS
-        self.budget = BUDGET
-        self.probe_win, self.xla_hint = PROBE_WIN, XLA_HINT
+        self.clock, self.current = clock, ""  # (current: the label of the way being timed, read by an injected clock)
+        self.rounds, self.budget, self.probe_win, self.xla_hint = ROUNDS, BUDGET, PROBE_WIN, XLA_HINT
         self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._last: tuple[ModelExecution, Way, str] | None = None  # (state, way in use, why) of the last fit
 
@@ -166,11 +163,10 @@ class ExecutionChoice:
             state.compiled = Way.of(model)
         counts = self._decide(state, model, arguments, batch, callbacks) if not state.final else []
         if counts:
-            rounds = CountRounds(self, state, counts, rounds_lib.fit_steps(arguments, batch),
-                                 rounds_lib.epoch_steps(arguments, batch), arguments.get("verbose", "auto") != 0)
+            added = [CountRounds(self, state, counts, rounds_lib.fit_steps(arguments, batch),
+                                 rounds_lib.epoch_steps(arguments, batch), arguments.get("verbose", "auto") != 0)]
             self._last = (state, Way(counts[-1]), "")
             model.steps_per_execution = counts[-1]  # (Keras' epoch loop calls fit's function every counts[-1] steps)
-            added = [rounds]
         else:
             way, why = self._way_for_this_fit(state, callbacks)
             self._last = (state, way, why)
@@ -393,7 +389,7 @@ class CountRounds(keras.callbacks.Callback):
     def __init__(self, choice: ExecutionChoice, state: ModelExecution, counts: list[int], fit_steps: int,
                  epoch_steps: int | None, announce: bool = True):
         super().__init__()
-        self._choice, self._state, self._counts, self._announce = choice, state, counts, announce
+        self._choice, self._state, self._announce = choice, state, announce
         self._largest, self._fit_steps, self._epoch_steps = counts[-1], fit_steps, epoch_steps
         self._times: dict[int, list[float]] = {c: [] for c in counts}
         self._at: dict[int, object] = {}  # count -> Keras' own train function at that count
@@ -407,9 +403,8 @@ class CountRounds(keras.callbacks.Callback):
             self._choice.before_measuring(model)
         self._user_test = model.test_function
         # (XLA's weighing traced them on the first batch; else count 1's is the one fit made, untraced)
-        for count in self._counts[1:]:
-            self._at[count] = state.functions.pop(self._way(count), (None, None))[0]
-            self._called.update([count] if self._at[count] else [])
+        largest = self._at[self._largest] = state.functions.pop(self._way(self._largest), (None, None))[0]
+        self._called.update([self._largest] if largest else [])
         self._at[1] = state.functions.pop(self._way(1), (None, None))[0] or model.train_function
         model.steps_per_execution, model.train_function, model.test_function = self._largest, self, None
 
@@ -436,9 +431,7 @@ class CountRounds(keras.callbacks.Callback):
             self._announce = False
 
     def __call__(self, iterator):
-        steps = self._largest
-        if self._epoch_steps:
-            steps = min(steps, self._epoch_steps - self._done)
+        steps = min(self._largest, self._epoch_steps - self._done) if self._epoch_steps else self._largest
         self._done += steps
         self._steps += steps
         if self._winner is None and self._steps >= self._fit_steps:
