@@ -241,8 +241,9 @@ def test_callbacks_that_mind_the_steps_per_call():
         keras.callbacks.History(), keras.callbacks.ProgbarLogger(), keras.callbacks.EarlyStopping(),
         keras.callbacks.ModelCheckpoint("x.weights.h5", save_weights_only=True),
         keras.callbacks.ModelCheckpoint("x.weights.h5", save_weights_only=True, save_freq=5),
-        keras.callbacks.TerminateOnNaN(), tf_glp.callbacks.BackupAndRestore("/tmp/b"), CountBatches()])
-    assert kept == ["ModelCheckpoint", "TerminateOnNaN", "CountBatches"]
+        keras.callbacks.TerminateOnNaN(), tf_glp.callbacks.BackupAndRestore("/tmp/b"), CountBatches(),
+        keras.callbacks.LambdaCallback(on_epoch_end=print), keras.callbacks.LambdaCallback(on_train_batch_end=print)])
+    assert kept == ["ModelCheckpoint", "TerminateOnNaN", "CountBatches", "LambdaCallback"]
 
 
 def test_the_first_round_weighs_the_rest():

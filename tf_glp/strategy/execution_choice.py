@@ -111,14 +111,16 @@ class ModelExecution:
 
 def batch_hook_callbacks(callbacks) -> list[str]:
     """The names of the callbacks whose batch-level hooks Keras would call
-    less often with several steps per call."""
+    less often with several steps per call (a hook set on the instance,
+    as keras.callbacks.LambdaCallback sets them, counts too)."""
     names = []
     for callback in callbacks:
         if (isinstance(callback, INDIFFERENT) or type(callback).__module__.startswith("tf_glp.strategy.")
                 or (isinstance(callback, PER_EPOCH) and callback.save_freq == "epoch")):
             continue
-        if any(getattr(type(callback), hook, None) is not getattr(keras.callbacks.Callback, hook)
-               for hook in BATCH_HOOKS):
+        hooks = [getattr(callback, hook, None) for hook in BATCH_HOOKS]
+        if any(getattr(hook, "__func__", hook) is not getattr(keras.callbacks.Callback, name)
+               for name, hook in zip(BATCH_HOOKS, hooks)):
             names.append(type(callback).__name__)
     return names
 
