@@ -14,7 +14,7 @@ plan the cold run wrote). The ways are interleaved, REPEATS times; reported:
 the median of each and its spread (max - min), and tf_glp's medians against
 the faster plain way.
 
-Models (Adam everywhere; the fits of issue "one start-up tuner"): the tiny
+Models (Adam everywhere): the tiny
 MLP 64 -> 32 -> 10 (60,000 samples, batch 64, 5 epochs), the quickstart's CNN
 on 8x8x1 (20,000 samples, batch 64, 5 epochs; and "quickstart-script": the
 fit examples/quickstart.py runs, 1,500 samples, 8 epochs), the wide MLP 1024 -> 4096
