@@ -55,11 +55,6 @@ def parse_bytes(text: str) -> int | None:
     return int(size) if math.isfinite(size) and size >= 1 else None
 
 
-def format_bytes(size: float) -> str:
-    """Bytes in SI megabytes, the unit explain() prints everywhere."""
-    return f"{size / 1e6:.2f} MB"
-
-
 def plan_chunks(sizes_in_bytes: Sequence[int], chunking) -> list[list[int]]:
     """Groups variable indices into chunks in backward order.
 
@@ -179,7 +174,7 @@ class Chunking:
         lines = []
         if self.workload is not None:
             w = self.workload
-            lines.append(f"  workload: {w.parameters:,} parameters, {format_bytes(w.gradient_bytes)} of gradients "
+            lines.append(f"  workload: {w.parameters:,} parameters, {w.gradient_bytes / 1e6:.2f} MB of gradients "
                          f"per replica, {w.replicas} replicas")
         if self.trials:
             lines.append("  step time per chunk count, in ms (predicted: cost model; compute calibrated on the "

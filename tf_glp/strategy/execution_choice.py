@@ -16,18 +16,11 @@ run at the slower count. XLA changes the numbers: it is timed on a scratch
 copy before fit (xla_rounds.py). A way wins with the kit's rule
 (tuning/rule.py, COUNT_GAIN).
 
-What is kept as the user wrote it (not measured):
-- an explicit `steps_per_execution` (XLA is still measured, at it) or
-  `jit_compile` (the count is still measured) in compile;
-- the count in a fit with a callback that has batch-level hooks (other
-  than Keras' Progbar and History, checkpoints saved per epoch and
-  tf_glp's own): with N steps per call Keras calls those hooks every N
-  steps. explain() names the callback (and a stored count's gain);
-- a fit of unknown length (an input of unknown cardinality without
-  steps_per_epoch), or one that ends before the counts are measured; a
-  later fit of the same model measures then;
-- training across workers and micro_batches (not measured yet), and a
-  model compiled with run_eagerly.
+Kept as the user wrote it, not measured (`_decide`; docs/strategy.md has
+the list): what compile was given explicitly, the count in a fit with a
+callback that has batch-level hooks (batch_hook_callbacks: Keras would call
+them every N steps), a fit of unknown length, training across workers, with
+micro_batches or run_eagerly.
 
 The ways are set for fit only: when fit ends the user's values and
 functions are back, so evaluate() and predict() run as compiled. Weights,
@@ -133,15 +126,13 @@ class ExecutionChoice:
             XLA only on one device).
         before_measuring: Called with the model before anything is traced
             (one device: the optimizer step's choice). Defaults to `None`.
-        clock: Seconds as a float (tests inject one; `current` names the
-            way being timed). Defaults to `time.perf_counter`.
     """
 
-    def __init__(self, strategy, before_measuring=None, clock=time.perf_counter):
+    def __init__(self, strategy, before_measuring=None):
         self._strategy, self.before_measuring = strategy, before_measuring
         self.allow_xla = strategy.settings.allow_xla and strategy._is_one_device
         self.plan_path = store.resolve(strategy.settings.plan_path)
-        self.clock, self.current = clock, ""  # (current: the label of the way being timed, read by an injected clock)
+        self.clock, self.current = time.perf_counter, ""  # (tests inject a clock; it reads `current`, the way timed)
         self.rounds, self.budget, self.probe_win, self.xla_hint = ROUNDS, BUDGET, PROBE_WIN, XLA_HINT
         self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._last: tuple[ModelExecution, Way, str] | None = None  # (state, way in use, why) of the last fit
@@ -224,7 +215,9 @@ class ExecutionChoice:
             state.reason = "the model is not compiled with an optimizer (not measured)"
             return []
         path = self.plan_path
-        state.key = _plan_key(model, strategy, batch, counts, measure_xla) if path else None
+        # (The key: what the measurement depends on; not allow_xla, which only decides whether a win is taken.)
+        state.key = store.model_key(model, devices=list(strategy.extended.worker_devices), global_batch=batch,
+                                    candidates=counts, xla=measure_xla, update=strategy.update_concept.name)
         stored = store.read_plan(path, state.key, store.EXECUTIONS, _valid_entry, WHO) if path else None
         # (A way kept for a fit of some length: a longer fit may measure.)
         if stored is not None and fit_steps <= stored.get("kept_for_fit_steps", fit_steps):
@@ -293,13 +286,6 @@ def _valid_entry(entry: dict) -> bool:
     return isinstance(spe, int) and spe >= 1 and isinstance(entry.get("reason"), str)
 
 
-def _plan_key(model, strategy, batch: int | None, counts: list[int], xla: bool) -> dict:
-    """What the measurement depends on (not allow_xla: consent only decides
-    whether a measured XLA win is taken)."""
-    return store.model_key(model, devices=list(strategy.extended.worker_devices), global_batch=batch,
-                           candidates=counts, xla=xla, update=strategy.update_concept.name)
-
-
 def _whole(epoch_steps: int | None, arguments: dict) -> list[int]:
     """The candidates Keras runs whole: at most an epoch per call, and
     divisors of fit's steps_per_epoch and validation_steps where given
@@ -340,27 +326,15 @@ class PutBack(keras.callbacks.Callback):
 
 # -- the counts, on the real steps --------------------------------------------
 # Note [Counts on the real steps]
-# Several steps per call change no number, so the counts are timed on the
-# fit's own steps: count 1 and the largest Keras runs whole (16, or 4:
-# _whole). More steps per call only remove dispatch, so no count between is
-# timed (4 was never the fastest in the rounds RESULTS.md records), and 1
-# replaces the largest only where it is faster beyond the spread (the kit's
-# rule, with the largest as the way in use). Keras' epoch loop calls fit's
-# train function every `largest` steps; that function is CountRounds, which
-# runs each call's steps at the count being timed (an epoch's shorter last
-# call at count 1), so every call advances the fit alike. Both counts run on
-# Keras' own train functions, each traced at its first call (not timed) as
-# plain Keras traces it. Count 1 is timed first: a step of LONG_STEP_S or
-# more keeps 1 (no dispatch worth removing; the largest is never traced).
-# Else the largest is traced, then timed, then 1 and the largest again (the
-# first round: two calls of each, their means). A largest choice.probe_win
-# or more faster is taken. Else the rounds still to run (choice.rounds in
-# all) run their steps at the slower count, while deciding right gains on
-# every step left: where they would take more than choice.budget of the
-# steps left, the first round decides for fits as long (by the same rule; a
-# longer fit measures again). The winner runs from the next call and is
-# kept for the next fit. The weights are count 1's (tested bitwise against
-# the count by hand).
+# (What and why: docs/strategy.md, "The counts are measured on your own
+# training steps".) Keras' epoch loop calls fit's train function every
+# `largest` steps; that function is CountRounds, which runs each call's
+# steps at the count being timed (an epoch's shorter last call at count 1),
+# each count on Keras' own train function, traced at its first call (not
+# timed). Count 1 is timed first (LONG_STEP_S or more keeps it); then the
+# largest, 1 and the largest: the first round, two calls of each compared by
+# their means (_weigh); then up to choice.rounds, where budget allows. The
+# weights are count 1's (tested bitwise against the count by hand).
 def _weigh(choice: ExecutionChoice, fit_steps: int, rest_steps: int, one: list[float], many: list[float],
            largest: int) -> tuple[int | None, str, bool]:
     """After the first round (`one`, `many`: count 1's and the largest's ms

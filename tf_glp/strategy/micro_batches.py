@@ -89,7 +89,7 @@ def check_fit(model, strategy, global_batch: int | None, samples: int | None = N
             f"tf_glp.Strategy(micro_batches={m}): the {samples} training samples end in a last batch of "
             f"{samples % global_batch}, which does not divide into {m} equal micro-batches. Train on a multiple "
             f"of {m} samples (e.g. {samples - samples % global_batch % m}).")
-    if _overrides_train_step(model):
+    if type(model).train_step is not keras.Model.train_step:
         raise ValueError(
             f"tf_glp.Strategy(micro_batches={m}) runs Keras' own train_step once per micro-batch; "
             f"{type(model).__name__} overrides train_step, which computes one gradient for the whole batch. "
@@ -97,8 +97,9 @@ def check_fit(model, strategy, global_batch: int | None, samples: int | None = N
     if type(model).compute_metrics is not keras.Model.compute_metrics:
         warnings.warn(f"tf_glp.Strategy(micro_batches={m}) calls {type(model).__name__}.compute_metrics with the "
                       f"whole global batch's y and y_pred and x=None (the inputs are not gathered)", stacklevel=3)
-    for doubt in invariance_doubts(strategy.extended.worker_devices, _gpu_names(),
-                                   compat.op_determinism_enabled()):
+    gpu_names = [tf.config.experimental.get_device_details(gpu).get("device_name", "GPU")
+                 for gpu in tf.config.list_physical_devices("GPU")]
+    for doubt in invariance_doubts(strategy.extended.worker_devices, gpu_names, compat.op_determinism_enabled()):
         warnings.warn(f"tf_glp.Strategy(micro_batches={m}): {doubt}", stacklevel=3)
     varying = [f"{layer.name} (BatchNormalization with renorm)" for layer in compat.all_layers(model)
                if isinstance(layer, keras.layers.BatchNormalization) and layer.renorm]
@@ -126,15 +127,6 @@ def invariance_doubts(devices, gpu_names: list[str], determinism: bool) -> list[
                           "tf.config.experimental.enable_op_determinism() for training that is the same on any "
                           "replica count")
     return doubts
-
-
-def _gpu_names() -> list[str]:
-    return [tf.config.experimental.get_device_details(gpu).get("device_name", "GPU")
-            for gpu in tf.config.list_physical_devices("GPU")]
-
-
-def _overrides_train_step(model) -> bool:
-    return type(model).train_step is not keras.Model.train_step
 
 
 def _split(tensor, pieces: int, m: int):
@@ -194,10 +186,8 @@ def scale_for_distribution(original, inverse: bool):
 
 
 def seed_next(original):
-    """SeedGenerator.next inside a micro-batched step: the t-th draw of a
-    generator in micro-batch m uses its step-start state plus [0, t*M + m],
-    and the state moves on by draws * M when the step ends (train_step):
-    one stream per (step, micro-batch), whichever replica runs it."""
+    """SeedGenerator.next inside a micro-batched step (Note [Micro-batches],
+    "Randomness"; the state moves on in train_step)."""
     def next(self, ordered=True):  # noqa: A001 (Keras' name)
         step = _current()
         if step is None or not ordered:
@@ -232,16 +222,11 @@ def _share_index(strategy):
     worker w (replica_id_in_sync_group w * R + r) holds share r * W + w."""
     context = tf.distribute.get_replica_context()
     replica = context.replica_id_in_sync_group if context is not None else 0
-    workers = _workers(strategy)
+    workers = strategy._host_ops.across_workers  # (multi_worker_strategy.WorkerSum; None on one machine)
     if workers is None:
         return replica
     local = len(strategy.extended.worker_devices)
     return (replica % local) * workers.num_workers + replica // local
-
-
-def _workers(strategy):
-    """The cross-worker collectives (multi_worker_strategy.WorkerSum), None on one machine."""
-    return strategy._host_ops.across_workers
 
 
 def train_step(model, data, strategy):
@@ -302,14 +287,11 @@ def train_step(model, data, strategy):
 
 
 def _apply(strategy, optimizer, gradients, variables, shared: dict) -> dict:
-    """The host's part of a micro-batched train step: `gradients[j]` are
-    this replica's gradients of its j-th micro-batch. One merge; there each
-    variable's M gradients (across workers, every worker's) are added on
-    the host in micro-batch order (in_order_sum, or the fused update's own
-    in-order pass where it takes them unsummed), Keras' own apply runs once
-    on the sums (as in Strategy._apply_once; a LossScaleOptimizer's
-    backend-neutral one), and the step's other values are combined
-    (combine), which every replica receives."""
+    """The host's part of a micro-batched train step (`gradients[j]`: this
+    replica's of its j-th micro-batch), in one merge: the sums in
+    micro-batch order, Keras' own apply once on them (as in
+    Strategy._apply_once), and `combine`'s values, which every replica
+    receives."""
     no_xla.check_not_in_xla()
 
     def merge_fn(strategy, gradients, shared):
@@ -338,12 +320,9 @@ def _apply(strategy, optimizer, gradients, variables, shared: dict) -> dict:
 
 
 def combine(strategy, shared) -> dict:
-    """In the merge: the replicas' micro-batch values in micro-batch order,
-    combined on the host. The loss is the mean of the micro-batches' losses
-    (each already the micro-batch's mean times 1/M: their in-order sum);
-    the moments are each BatchNormalization's mean of the micro-batches'
-    means and of their variances (in-order sums times 1/M); targets, predictions and
-    sample weights are the global batch's, concatenated in order."""
+    """In the merge: the replicas' micro-batch values combined on the host
+    as Note [Micro-batches] says (the loss, BatchNormalization's moments;
+    targets, predictions and sample weights concatenated in order)."""
     m = strategy.micro_batches
 
     def on_host(per_step):
@@ -408,7 +387,7 @@ def _in_order(strategy, per_step: list) -> list:
         for value in per_step:
             local = strategy.experimental_local_results(value)
             out.append(local[r] if len(local) > 1 else local[0])
-    workers = _workers(strategy)
+    workers = strategy._host_ops.across_workers
     if workers is None:
         return out
     count_w, count_r, pieces = workers.num_workers, len(strategy.extended.worker_devices), len(per_step)

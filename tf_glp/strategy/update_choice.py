@@ -57,6 +57,7 @@ from tf_glp.tuning import rounds as rounds_lib, rule, store
 # A round runs about this long (fewer steps per round for slow steps, at
 # least one): the measurement must stay a small part of a first epoch.
 ROUND_S = 0.03
+ROUNDS, STEPS = 7, 4  # interleaved rounds per candidate; the most timed steps per round
 # After this many rounds a candidate whose fastest round is slower than
 # DROP_RATIO times the default's slowest is not timed further.
 DROP_AFTER = 3
@@ -69,26 +70,18 @@ class UpdateChoice:
 
     Args:
         strategy: The AutoStrategy it chooses for.
-        rounds: Interleaved rounds per candidate. Defaults to `7`.
-        steps: The most timed steps per round (fewer where a step takes
-            long: ROUND_S). Defaults to `4`.
-        clock: Seconds as a float (tests inject one; `current` names what
-            is being timed). Defaults to `time.perf_counter`.
-        alone: Also time a copy of the model on the first replica's device
-            alone (see the module docstring). Defaults to `None`: where the
-            replicas are GPUs.
     """
 
-    def __init__(self, strategy, rounds: int = 7, steps: int = 4, clock=time.perf_counter,
-                 alone: bool | None = None):
+    def __init__(self, strategy):
         self._strategy = strategy
         self.concept: concepts.UpdateConcept = concepts.DEFAULT
         self.decided = False
         self.reason = "decided at the start of the first fit"
         self.times_ms: dict = {}  # an UpdateConcept (or "DEVICE alone") -> [ms per step per round]
         self.source = ""  # "measured", "reused PATH" or "" (not measured)
-        self.rounds, self.steps, self.clock, self.alone = rounds, steps, clock, alone
-        self.current = ""
+        self.rounds, self.steps, self.clock = ROUNDS, STEPS, time.perf_counter  # (tests set these, and:)
+        self.alone = None  # time a copy on the first device alone (module docstring); None: where the replicas are GPUs
+        self.current = ""  # what is being timed, read by a clock a test injects
 
     def decide(self, concept: concepts.UpdateConcept, reason: str, times_ms: dict | None = None,
                source: str = "") -> None:
@@ -125,24 +118,9 @@ def choose(times_ms: dict) -> tuple[concepts.UpdateConcept, str]:
     return best, f"{gain:.2f}x faster than {concepts.DEFAULT.name!r}, beyond the spread"
 
 
-# -- the plan: names only in the file -------------------------------------------
-def plan_key(model, strategy, batch: int) -> dict:
-    return store.model_key(model, devices=list(strategy.extended.worker_devices), global_batch=batch,
-                           compression=strategy.compression)
-
-
 def _known_concept(entry: dict) -> bool:
+    """A plan entry's test: a registered concept (the file holds names only)."""
     return entry.get("choice") in concepts.CONCEPTS
-
-
-def _write_plan(path: str, key: dict, choice: UpdateChoice) -> None:
-    store.write_entry(path, key, {"choice": choice.concept.name, "reason": choice.reason,
-                                  "times_ms": {_label(w): ms for w, ms in choice.times_ms.items()}},
-                      store.PLANS, _known_concept, WHO)
-
-
-def _stored_times(times_ms: dict) -> dict:
-    return {concepts.CONCEPTS.get(name, name): ms for name, ms in (times_ms or {}).items()}
 
 
 # -- the decision ------------------------------------------------------------
@@ -160,12 +138,13 @@ def decide(strategy, model, arguments: dict, batch: int | None) -> None:
         choice.decide(concepts.DEFAULT, f"{why} (not measured)")
         return
     _build_without_optimizer(model, data)  # (what is built already stays as it is)
-    key = plan_key(model, strategy, batch)
+    key = store.model_key(model, devices=list(strategy.extended.worker_devices), global_batch=batch,
+                          compression=strategy.compression)
     path = store.resolve(strategy.settings.plan_path)
     stored = store.read_plan(path, key, store.PLANS, _known_concept, WHO) if path else None
     if stored is not None:
-        choice.decide(concepts.get(stored["choice"]), stored["reason"], _stored_times(stored.get("times_ms")),
-                      source=f"reused {path}")
+        times = {concepts.CONCEPTS.get(name, name): ms for name, ms in (stored.get("times_ms") or {}).items()}
+        choice.decide(concepts.get(stored["choice"]), stored["reason"], times, source=f"reused {path}")
         return
     try:  # the candidates train scratch copies of the user's optimizer
         with strategy.scope():
@@ -197,7 +176,9 @@ def decide(strategy, model, arguments: dict, batch: int | None) -> None:
                 f"no {', '.join(left_out)})")
     choice.decide(concept, why, times, source="measured")
     if path:
-        _write_plan(path, key, choice)
+        store.write_entry(path, key, {"choice": concept.name, "reason": why,
+                                      "times_ms": {_label(w): ms for w, ms in times.items()}},
+                          store.PLANS, _known_concept, WHO)
 
 
 def _build_without_optimizer(model, data) -> None:
@@ -212,8 +193,7 @@ def _build_without_optimizer(model, data) -> None:
 
 
 # -- the measurement ---------------------------------------------------------
-def measure(model, strategy, data, candidates: list, choice: UpdateChoice, failed: dict,
-            alone: dict | None = None) -> dict:
+def measure(model, strategy, data, candidates: list, choice: UpdateChoice, failed: dict, alone: dict) -> dict:
     """Times every candidate concept on one batch `data` (a built model),
     and each of `alone` ({name: a function returning a train function and
     its iterator}) in the same rounds, as the module docstring's "How"
@@ -240,7 +220,7 @@ def measure(model, strategy, data, candidates: list, choice: UpdateChoice, faile
                 # user's. Another candidate that fails (on GPUs: out of memory
                 # with every replica holding the optimizer state) is left out.
                 _left_out(concept, error, failed)
-        for name, make in (alone or {}).items():
+        for name, make in alone.items():
             try:
                 functions[name] = _warmed_up(*make())
             except Exception as error:  # noqa: BLE001 (a model clone_model cannot copy, say)

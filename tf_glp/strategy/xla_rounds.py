@@ -34,14 +34,14 @@ def measure(choice, state, model, arguments: dict, batch: int | None, base, xla,
             compat.symbolic_build(model, data)
     if choice.before_measuring is not None:
         choice.before_measuring(model)
-    times, first_s, error = _rounds(model, data, base, xla, choice, state, fit_steps)
+    times, compile_s, error = _rounds(model, data, base, xla, choice, state, fit_steps)
     if error:
         return error
     state.times_ms.update(times)
     wins, gain = rule.beats(times[base.label], times[xla.label], rule.COUNT_GAIN)
     state.xla_wins, state.xla_steps = wins, base.steps_per_execution
     return (f"XLA at {base.steps_per_execution}: {gain:.2f}x "
-            f"{'faster, beyond the spread' if wins else '(not faster beyond the spread)'}, its compile {first_s:.1f} s")
+            f"{'faster, beyond the spread' if wins else '(not faster beyond the spread)'}, its compile {compile_s:.1f} s")
 
 
 def _rounds(model, data, base, xla, choice, state, fit_steps: int):
@@ -63,16 +63,16 @@ def _rounds(model, data, base, xla, choice, state, fit_steps: int):
     dataset = strategy.experimental_distribute_dataset(
         tf.data.Dataset.from_tensors(data).repeat().unbatch().batch(rows))
     one = type(base)(1)
-    functions, first_s = {}, {}
+    functions = {}
     try:
         start = time.perf_counter()
         functions[one] = _traced(model, one, fused, dataset)
-        first_s[one] = time.perf_counter() - start
+        trace_s = time.perf_counter() - start
         state.functions[one] = (functions[one][0], None)
         start = time.perf_counter()  # a second call: the step's time, to weigh XLA's compile
         rounds_lib.sync(functions[one][0](functions[one][1]))
         step_s = time.perf_counter() - start
-        cost_s = XLA_TRACES * first_s[one] + choice.rounds * 2 * base.steps_per_execution * step_s
+        cost_s = XLA_TRACES * trace_s + choice.rounds * 2 * base.steps_per_execution * step_s
         if not choice.allow_xla and cost_s > choice.xla_hint * fit_steps * step_s:
             return {}, 0.0, (f"XLA not measured (allow_xla is off, and measuring it, about {cost_s:.1f} s, "
                              f"would be more than {choice.xla_hint:.0%} of this fit)")
@@ -86,7 +86,7 @@ def _rounds(model, data, base, xla, choice, state, fit_steps: int):
                 if way == base:
                     raise
                 return {}, 0.0, f"XLA failed and was left out ({rounds_lib.gist(error)})"
-            first_s[way] = time.perf_counter() - start
+            compile_s = time.perf_counter() - start  # (XLA's: traced last)
             if way == base:
                 state.functions[base] = (functions[base][0], None)
         times = {way.label: [] for way in (base, xla)}
@@ -97,7 +97,7 @@ def _rounds(model, data, base, xla, choice, state, fit_steps: int):
                 start = choice.clock()
                 rounds_lib.sync(function(iterator))
                 times[way.label].append(1e3 * (choice.clock() - start) / way.steps_per_execution)
-        return times, first_s[xla], ""
+        return times, compile_s, ""
     finally:
         choice.current = ""
         model.steps_per_execution, model.jit_compile = compiled

@@ -151,14 +151,8 @@ def _sections(path: str) -> dict:
     return data
 
 
-def _entries(path: str, section: str, valid) -> list[dict]:
-    """The section's entries; [] for no file or no such section; raises
-    ValueError or OSError for one that cannot be read as plans."""
-    entries = _sections(path).get(section, [])
-    if not isinstance(entries, list) or not all(
-            isinstance(e, dict) and isinstance(e.get("key"), dict) and valid(e) for e in entries):
-        raise ValueError(f"{section!r} is not a list of entries with a key and a known choice")
-    return entries
+def _readable(entry, valid) -> bool:
+    return isinstance(entry, dict) and isinstance(entry.get("key"), dict) and valid(entry)
 
 
 def _same_model(a: dict, b: dict) -> bool:
@@ -171,7 +165,9 @@ def read_plan(path: str, key: dict, section: str, valid, who: str) -> dict | Non
     cannot be read or an entry for this model written on another machine,
     versions or setting (measured again, then replaced)."""
     try:
-        entries = _entries(path, section, valid)
+        entries = _sections(path).get(section, [])
+        if not isinstance(entries, list) or not all(_readable(e, valid) for e in entries):
+            raise ValueError(f"{section!r} is not a list of entries with a key and a known choice")
     except (OSError, ValueError) as error:
         _warn_once(f"{path} is not a readable plan ({error}); measuring again", who)
         return None
@@ -214,10 +210,7 @@ def write_entry(path: str, key: dict, entry: dict, section: str, valid, who: str
             except (OSError, ValueError):
                 sections = {}
             kept = sections.get(section)
-            if not isinstance(kept, list):
-                kept = []
-            entries = [e for e in kept if isinstance(e, dict) and isinstance(e.get("key"), dict) and valid(e)
-                       and not same(e["key"])]
+            entries = [e for e in (kept if isinstance(kept, list) else []) if _readable(e, valid) and not same(e["key"])]
             entries.append({"key": key, **entry})
             write_json(path, {**sections, section: entries[-MAX_ENTRIES:]})
     except OSError as error:
