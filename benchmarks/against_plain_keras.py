@@ -25,11 +25,12 @@ keras.applications' MobileNetV2 (32x32x3, weights=None, batch 32). Adam
 everywhere.
 
 One process per model (two MirroredStrategies with collective all-reduce and
-different shapes cannot share one). Inside it: the first epoch as the user
-waits for it (build, compile and a fit of FIRST_STEPS steps: tracing, XLA's
-compile and tf_glp's start-up measurements included; tf_glp's steps-per-
-execution choice measures as at the start of a long fit: this first fit is
-too short for its budget rule), then ROUNDS short interleaved rounds of
+different shapes cannot share one). Inside it: the first fit as the user
+waits for it (build, compile and a fit of FIRST_STEPS steps, in epochs of
+ROUND_STEPS (the data's size): tracing, XLA's
+compile and tf_glp's start-up measurements included; tf_glp's steps per
+execution are measured on this fit's steps as at the start of a long fit,
+all rounds run, and decided within it), then ROUNDS short interleaved rounds of
 ROUND_STEPS steps per way (the order rotating), each timed from the epoch's
 begin to its end (epoch-level hooks: a callback with batch-level hooks would
 hold tf_glp's steps per execution at 1): this machine alternates between a
@@ -55,7 +56,7 @@ import time
 from child_process import child_setup, print_result, run_child
 from results_file import write_section
 
-FIRST_STEPS = 32
+FIRST_STEPS = 192  # epochs of ROUND_STEPS; what the counts' rounds take at most (12 calls of 16 steps)
 ROUNDS = 7
 ROUND_STEPS = 32  # a multiple of 16: every way runs whole executions
 KNOBS = ["plain Keras", "plain spe 16", "plain XLA", "plain XLA spe 16", "tf_glp.Strategy()",
@@ -134,9 +135,9 @@ def run_model(name: str, ways: list[str]) -> dict:
     makers = _ways(tf, tf_glp)
     make_model, x, y, batch = _model_and_data(name)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    trained, results = {}, {"first_epoch_s": {}, "ms": {}, "explain": "", "lines": {}}
+    trained, results = {}, {"first_fit_s": {}, "ms": {}, "explain": "", "lines": {}}
     # TensorFlow's one-time start-up (kernels, thread pools, the first
-    # trace) would otherwise land in the first way's first epoch.
+    # trace) would otherwise land in the first way's first fit.
     warm_up = make_model()
     warm_up.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
     warm_up.fit(x, y, batch_size=batch, steps_per_epoch=2, epochs=1, verbose=0)
@@ -145,15 +146,15 @@ def run_model(name: str, ways: list[str]) -> dict:
         start = time.perf_counter()
         make_strategy, compile_args = makers[way]
         strategy = make_strategy()
-        execution = getattr(strategy, "_execution", None)
+        execution = getattr(strategy, "_choices", {}).get("execution")
         if execution is not None:  # (as at the start of a long fit: see the module docstring)
-            execution.min_fit_steps, execution.budget, execution.plan_path = 0, float("inf"), None
+            execution.budget, execution.plan_path = float("inf"), None
             execution.xla_hint = float("inf")  # (a long fit measures XLA: its compile is small against it)
         with strategy.scope():
             model = make_model()
             model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss, **compile_args)
-        model.fit(x, y, batch_size=batch, steps_per_epoch=FIRST_STEPS, epochs=1, verbose=0)
-        results["first_epoch_s"][way] = time.perf_counter() - start
+        model.fit(x, y, batch_size=batch, steps_per_epoch=ROUND_STEPS, epochs=FIRST_STEPS // ROUND_STEPS, verbose=0)
+        results["first_fit_s"][way] = time.perf_counter() - start
         trained[way] = model
         if execution is not None:
             results["lines"][way] = execution.line()
@@ -172,7 +173,7 @@ def run_model(name: str, ways: list[str]) -> dict:
         median = statistics.median(values)
         results["ms"][way] = {"fastest": min(values), "median": median,
                               "spread_pct": 100 * (max(values) - min(values)) / median}
-        print(f"  {name}, {way}: first epoch {results['first_epoch_s'][way]:.2f} s; steady {min(values):.2f} ms "
+        print(f"  {name}, {way}: first fit {results['first_fit_s'][way]:.2f} s; steady {min(values):.2f} ms "
               f"fastest, {median:.2f} median", file=sys.stderr, flush=True)
     return results
 
@@ -195,8 +196,8 @@ def table(all_results: dict, ways: list[str]) -> list[str]:
     for name, results in all_results.items():
         ms = results["ms"]
         plain = ms["plain Keras"]["fastest"]
-        rows.append(f"| {name}: first epoch (s) | " + " | ".join(
-            f"{results['first_epoch_s'][w]:.2f}" for w in ways) + " |")
+        rows.append(f"| {name}: first fit (s) | " + " | ".join(
+            f"{results['first_fit_s'][w]:.2f}" for w in ways) + " |")
         rows.append(f"| {name}: ms/step fastest (x plain) | " + " | ".join(
             f"{ms[w]['fastest']:.2f} ({plain / ms[w]['fastest']:.2f}x)" for w in ways) + " |")
         rows.append(f"| {name}: median (spread) | " + " | ".join(
@@ -222,11 +223,11 @@ def verdicts(all_results: dict, ways: list[str]) -> list[str]:
         fastest = {w: v["fastest"] for w, v in ms.items()}
         plain = fastest["plain Keras"]
         if set(KNOBS) <= set(ways):
-            first = results["first_epoch_s"]
+            first = results["first_fit_s"]
             lines.append(f"- {name}: tf_glp.Strategy() {_against(ms, 'tf_glp.Strategy()', SAME_NUMBERS)}, the "
-                         f"fastest plain way with the same numbers; first epoch {first['tf_glp.Strategy()']:.2f} s "
+                         f"fastest plain way with the same numbers; first fit {first['tf_glp.Strategy()']:.2f} s "
                          f"against {first['plain Keras']:.2f} s. allow_xla=True "
-                         f"{_against(ms, 'tf_glp allow_xla', KNOBS[:4])}, the fastest plain way; first epoch "
+                         f"{_against(ms, 'tf_glp allow_xla', KNOBS[:4])}, the fastest plain way; first fit "
                          f"{first['tf_glp allow_xla']:.2f} s. Chosen: {results['lines']['tf_glp.Strategy()']} | "
                          f"allow_xla: {results['lines']['tf_glp allow_xla']}")
         if set(WAYS) - set(KNOBS) <= set(ways):
@@ -266,7 +267,7 @@ def main() -> None:
         text = [f"Date {datetime.date.today().isoformat()}; machine: {platform.machine()}, {os.cpu_count()} cores, "
                 f"no GPU (logical CPU devices share the cores). Command: `python benchmarks/against_plain_keras.py "
                 f"--write-results --models {' '.join(args.models)} --ways {' '.join(args.ways)}` ({elapsed:.0f} s). "
-                f"Adam; first epoch: build, compile and a fit of {FIRST_STEPS} steps; steady: {ROUNDS} interleaved "
+                f"Adam; first fit: build, compile and a fit of {FIRST_STEPS} steps; steady: {ROUNDS} interleaved "
                 f"rounds of {ROUND_STEPS} steps per way.", "", *rows, "", *lines]
         if explain:
             text += ["", "`tf_glp.Strategy().explain()` on the first model:", "", "```", *explain.splitlines(), "```"]
