@@ -12,7 +12,8 @@ instance-level ones (an optimizer's slot lists) built from real Keras
 objects; `require_internals()`, called when the first tf_glp.Strategy is
 created, raises instead of letting tf_glp run half-patched.
 
-host_copies.py, multi_worker_strategy.py and one_device_strategy.py subclass TensorFlow's
+host_strategy.py, multi_worker_strategy.py and one_device_strategy.py
+(with host_copies.py's HostUpdateExtended mixin) subclass TensorFlow's
 private strategy extended classes, which they get from here
 (mirrored_extended_class, ...) with the state they read and the helpers
 they call; the private methods they override are listed in INTERNALS (the
@@ -120,21 +121,9 @@ INTERNALS = {
     ("tensorflow.python.eager", "context", "Context"): "configure_coordination_service",
 }
 
-# Instance attributes, checked on real objects by tests/test_keras_compat.py
-# (and, for the multi-worker ones, by tests/strategy/test_multi_worker.py:
-# a CollectiveAllReduceExtended's _num_workers, _worker_device,
-# _id_in_cluster, _is_chief, _collective_keys, _cross_device_ops and
-# _host_cross_device_ops):
-# an optimizer's slot lists (optimizer_slot: every fused optimizer's,
-# built_variables), Nadam's `_u_product`, the Keras
-# name-scope stack (creating_optimizer_variable), a Keras variable's
-# tf.Variable (keras_variable_value), a model's `_loss_tracker` and
-# `_call_has_training_arg` (micro-batches), its `_compile_metrics` and
-# `_compile_loss` (nothing_to_build),
-# a model's `_initial_epoch` and a
-# callback's `_last_batch_seen` (tf_glp.callbacks.BackupAndRestore), and a
-# built Conv2D / Dense layer's `_kernel` and `_build_shapes_dict`, which
-# tf_glp.layers shares between a layer and its twin (convert, strip).
+# Instance attributes: those the accessors below read or set (each marked
+# `# noqa: SLF001`, or read with getattr), checked on real objects by
+# tests/test_keras_compat.py; the multi-worker ones by tests/strategy/test_multi_worker.py.
 
 
 def missing_internals() -> list[str]:
@@ -378,9 +367,6 @@ def in_xla_context() -> bool:
 
 
 # -- tf.distribute's private classes and state ----------------------------------
-# tf_glp's strategies subclass TensorFlow's extended objects (host_strategy.py,
-# one_device_strategy.py, multi_worker_strategy.py): the classes, the state they read and the
-# helpers they call come from here.
 def mirrored_extended_class():
     """MirroredStrategy's extended object (host_strategy.HostMirroredExtended)."""
     from tensorflow.python.distribute import mirrored_strategy  # noqa: PLC0415

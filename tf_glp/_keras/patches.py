@@ -272,32 +272,27 @@ def _install_loss_scale_hook() -> None:
 
 
 def _install_model_hooks() -> None:
-    compile_signature = inspect.signature(compat.keras_class(*_TRAINER).compile)
-    fit_signature = inspect.signature(compat.keras_class(*_TF_TRAINER).fit)
+    def with_bound_arguments(prepare):
+        # Calls prepare(strategy, model, arguments) with the arguments bound
+        # to the original's signature, then the original with them.
+        def make_wrapper(original):
+            signature = inspect.signature(original)
 
-    def compile_wrapper(original):
-        # Patched on Keras' Trainer itself: Keras treats a Model whose compile
-        # differs from Trainer.compile as custom and skips compile on load.
-        def compile(self, *args, **kwargs):  # noqa: A001 (Keras' name)
-            strategy = _glp_strategy(self)
-            if strategy is None:
-                return original(self, *args, **kwargs)
-            bound = compile_signature.bind(self, *args, **kwargs)
-            # Replicas: no XLA around the host ops; one device: what the user
-            # set, kept by the steps-per-execution choice.
-            strategy._prepare_compile(self, bound.arguments)
-            return original(*bound.args, **bound.kwargs)
-        return compile
+            def wrapper(self, *args, **kwargs):
+                strategy = _glp_strategy(self)
+                if strategy is None:
+                    return original(self, *args, **kwargs)
+                bound = signature.bind(self, *args, **kwargs)
+                prepare(strategy, self, bound.arguments)
+                return original(*bound.args, **bound.kwargs)
+            return wrapper
+        return make_wrapper
 
-    def fit_wrapper(original):
-        def fit(self, *args, **kwargs):
-            strategy = _glp_strategy(self)
-            if strategy is None:
-                return original(self, *args, **kwargs)
-            bound = fit_signature.bind(self, *args, **kwargs)
-            strategy._prepare_fit(self, bound.arguments)  # checks; callbacks added or upgraded
-            return original(*bound.args, **bound.kwargs)
-        return fit
+    # compile: replicas: no XLA around the host ops; one device: what the user
+    # set, kept by the steps-per-execution choice. fit: checks; callbacks added
+    # or upgraded.
+    compile_wrapper = with_bound_arguments(lambda strategy, m, a: strategy._prepare_compile(m, a))
+    fit_wrapper = with_bound_arguments(lambda strategy, m, a: strategy._prepare_fit(m, a))
 
     def symbolic_build_wrapper(original):
         # Keras runs this at the start of every fit and evaluate under a
@@ -311,6 +306,8 @@ def _install_model_hooks() -> None:
             return original(self, iterator=iterator, data_batch=data_batch)
         return _maybe_symbolic_build
 
+    # compile is patched on Keras' Trainer itself: Keras treats a Model whose
+    # compile differs from Trainer.compile as custom and skips compile on load.
     _wrap(_TRAINER, "compile", compile_wrapper)
     _wrap(_TF_TRAINER, "fit", fit_wrapper)
     _wrap(_TF_TRAINER, "_maybe_symbolic_build", symbolic_build_wrapper)

@@ -81,18 +81,16 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     # -- restore -------------------------------------------------------------
     def on_train_begin(self, logs=None):  # Keras' own restores here, through its _load_model
-        self._restore()
-
-    def _restore(self):
         metadata_path = os.path.join(self.backup_dir, METADATA)
         metadata = None
         if os.path.exists(metadata_path):
             with open(metadata_path) as f:
                 metadata = json.load(f)
-        if metadata is None or "weights" not in metadata:
-            return compat.load_keras_backup(self)  # nothing saved, or a backup written by Keras' own callback
-        if not self.model.built:
-            return compat.load_keras_backup(self)  # Keras' error for an unbuilt model
+        if metadata is None or "weights" not in metadata or not self.model.built:
+            # Nothing saved, a backup written by Keras' own callback, or an
+            # unbuilt model (Keras' error): Keras' own restore.
+            compat.load_keras_backup(self)
+            return
         if self.model.optimizer is not None and not self.model.optimizer.built:
             self.model.optimizer.build(self.model.trainable_variables)
         self.model.load_weights(os.path.join(self.backup_dir, metadata["weights"]))
@@ -113,7 +111,6 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         compat.set_initial_epoch(self.model, metadata["epoch"])
         self._batches_to_skip = int(metadata.get("batches_done", 0))
         self._warn_if_the_replicas_changed(metadata.get("replicas"))
-        return None
 
     def _warn_if_the_replicas_changed(self, saved) -> None:
         """Says once when a restore on another replica count changes the
