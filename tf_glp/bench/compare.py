@@ -80,24 +80,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _runs(args) -> list[dict]:
     runs = []
     for workload in args.workloads:
-        target = args.target_accuracy if workload != "lstm" else args.target_perplexity
+        common = {"steps": args.steps, "warmup_steps": max(1, min(10, args.steps // 5)),
+                  "batch_per_replica": args.batch_per_replica, "data": args.data, "synthetic": args.synthetic,
+                  "target": args.target_accuracy if workload != "lstm" else args.target_perplexity}
         for concept in args.concepts:
-            single = CONCEPTS[concept][1]
             if concept in MULTI_WORKER_CONCEPTS:
                 continue
-            for replicas in ([1] if single else args.replicas):
+            for replicas in ([1] if CONCEPTS[concept][1] else args.replicas):
                 for seed in range(args.seeds):
-                    runs.append({"workload": workload, "concept": concept, "replicas": replicas, "seed": seed,
-                                 "steps": args.steps, "warmup_steps": max(1, min(10, args.steps // 5)),
-                                 "batch_per_replica": args.batch_per_replica, "data": args.data,
-                                 "synthetic": args.synthetic, "target": target})
+                    runs.append({"workload": workload, "concept": concept, "replicas": replicas, "seed": seed, **common})
         for workers in args.workers or []:
             for concept in MULTI_WORKER_CONCEPTS:
                 for seed in range(args.seeds):
                     runs.append({"workload": workload, "concept": concept, "replicas": 1, "workers": workers,
-                                 "seed": seed, "steps": args.steps, "warmup_steps": max(1, min(10, args.steps // 5)),
-                                 "batch_per_replica": args.batch_per_replica, "data": args.data,
-                                 "synthetic": args.synthetic, "target": target})
+                                 "seed": seed, **common})
     return runs
 
 
@@ -262,9 +258,7 @@ def draw(args, summary: dict, results: list[dict], out: str) -> list[str]:
                     axes.plot(*zip(*points), marker="o", label=concept)
                     counts.update(p[0] for p in points)
             axes.set_xticks(sorted(counts))
-            axes.set_xlabel("replicas")
-            axes.set_ylabel(label)
-            axes.set_title(f"{workload}: {label}")
+            axes.set(xlabel="replicas", ylabel=label, title=f"{workload}: {label}")
             axes.legend(fontsize="small")
             written.append(_save(plt, figure, out, f"{workload.replace(':', '_')}_{name}.png"))
         figure, axes = plt.subplots(figsize=(6, 4))
@@ -272,9 +266,7 @@ def draw(args, summary: dict, results: list[dict], out: str) -> list[str]:
             spec, result = entry["spec"], entry["result"]
             if spec["workload"] == workload and spec["seed"] == 0 and result.get("ok"):
                 axes.plot(result["losses"], label=f"{spec['concept']} x{spec['replicas'] * spec.get('workers', 1)}")
-        axes.set_xlabel("step")
-        axes.set_ylabel("training loss (running mean)")
-        axes.set_title(f"{workload}: loss")
+        axes.set(xlabel="step", ylabel="training loss (running mean)", title=f"{workload}: loss")
         axes.legend(fontsize="x-small")
         written.append(_save(plt, figure, out, f"{workload.replace(':', '_')}_loss.png"))
     return written

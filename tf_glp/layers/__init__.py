@@ -46,6 +46,9 @@ class _Lanes:
         config["concurrency"] = self.concurrency
         return config
 
+    def _runs_concurrently(self, inputs) -> bool:
+        return self.concurrency is not None and _unsupported(self) is None and _concurrent_dtype(inputs, self)
+
 
 @keras.saving.register_keras_serializable(package="tf_glp")
 class Conv2D(_Lanes, keras.layers.Conv2D):
@@ -63,15 +66,6 @@ class Conv2D(_Lanes, keras.layers.Conv2D):
         >>> layer(tf.zeros([8, 32, 32, 3])).shape
         TensorShape([8, 32, 32, 32])
     """
-
-    def _runs_concurrently(self, inputs) -> bool:
-        return (
-            self.concurrency is not None
-            and self.data_format == "channels_last"
-            and self.groups == 1
-            and not self.lora_enabled
-            and _concurrent_dtype(inputs, self)
-        )
 
     def convolution_op(self, inputs, kernel):
         if not self._runs_concurrently(inputs):
@@ -103,17 +97,8 @@ class Dense(_Lanes, keras.layers.Dense):
         TensorShape([32, 10])
     """
 
-    def _runs_concurrently(self, inputs) -> bool:
-        return (
-            self.concurrency is not None
-            and not self.lora_enabled
-            and not self.quantization_mode
-            and isinstance(inputs, tf.Tensor)
-            and _concurrent_dtype(inputs, self)
-        )
-
     def call(self, inputs, training=None):
-        if not self._runs_concurrently(inputs):
+        if not (isinstance(inputs, tf.Tensor) and self._runs_concurrently(inputs)):
             return super().call(inputs, training=training)
         kernel = tf.cast(self.kernel, inputs.dtype)  # the compute dtype, as Keras' own op casts it
         rows = inputs
@@ -179,6 +164,11 @@ def why_not_eligible(layer: keras.layers.Layer, include_keras_layers: bool = Tru
         return "a plain Keras layer, and convert=False"
     if not layer.built:
         return "not built"
+    return _unsupported(layer)
+
+
+def _unsupported(layer: keras.layers.Layer) -> str | None:
+    """What of a Conv2D / Dense layer's configuration the concurrent ops cannot run, or None."""
     if layer.compute_dtype not in _DTYPES:
         return f"computes in {layer.compute_dtype} (the concurrent ops take {', '.join(_DTYPES)})"
     if getattr(layer, "lora_enabled", False):
@@ -215,14 +205,11 @@ def as_glp_layer(layer: keras.layers.Layer, concurrency: int | None) -> keras.la
     return layer
 
 
-def _twin(layer: keras.layers.Layer, concurrency: int | None) -> keras.layers.Layer:
-    """A GLP layer with the layer's config that uses the layer's variables."""
-    config = layer.get_config()
-    config["concurrency"] = concurrency
-    return _sharing_variables(layer, _TWINS[type(layer)].from_config(config))
-
-
-def _sharing_variables(layer: keras.layers.Layer, twin: keras.layers.Layer) -> keras.layers.Layer:
+def _rebuilt(layer: keras.layers.Layer, cls: type, **extra) -> keras.layers.Layer:
+    """`cls` made from the layer's config (its concurrency replaced by
+    `extra`), sharing the layer's variables."""
+    config = {key: value for key, value in layer.get_config().items() if key != "concurrency"}
+    twin = cls.from_config({**config, **extra})
     if layer.built:
         # Share, not copy: the twin trains the original's variables. Setting
         # them as attributes tracks them in the same order as build() would.
@@ -231,13 +218,6 @@ def _sharing_variables(layer: keras.layers.Layer, twin: keras.layers.Layer) -> k
         twin.input_spec = layer.input_spec
         twin.built = True
     return twin
-
-
-def _plain_twin(layer: keras.layers.Layer) -> keras.layers.Layer:
-    """The plain Keras layer with the layer's config and variables."""
-    config = layer.get_config()
-    config.pop("concurrency", None)
-    return _sharing_variables(layer, _PLAIN[type(layer)].from_config(config))
 
 
 def strip(model: keras.Model) -> keras.Model:
@@ -250,7 +230,7 @@ def strip(model: keras.Model) -> keras.Model:
     if not isinstance(model, keras.Model):
         raise ValueError(f"tf_glp.layers.strip: needs a functional or Sequential Keras model, got {type(model).__name__}")
     try:
-        return keras.models.clone_model(model, clone_function=lambda layer: _plain_twin(layer)
+        return keras.models.clone_model(model, clone_function=lambda layer: _rebuilt(layer, _PLAIN[type(layer)])
                                         if type(layer) in _PLAIN else layer)
     except ValueError as error:
         raise ValueError(f"tf_glp.layers.strip: cannot strip {type(model).__name__}: {error}") from error
@@ -299,13 +279,9 @@ def convert(
         raise ValueError(f"tf_glp.layers.convert: needs a functional or Sequential Keras model, got {type(model).__name__}")
 
     def clone(layer: keras.layers.Layer) -> keras.layers.Layer:
-        if type(layer) not in _TWINS:
+        if type(layer) not in _TWINS or (plan is not None and layer.name not in plan):
             return layer
-        if plan is None:
-            return _twin(layer, default)
-        if layer.name not in plan:
-            return layer
-        return _twin(layer, plan[layer.name])
+        return _rebuilt(layer, _TWINS[type(layer)], concurrency=default if plan is None else plan[layer.name])
 
     try:
         return keras.models.clone_model(model, clone_function=clone)

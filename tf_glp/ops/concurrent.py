@@ -250,20 +250,11 @@ def concurrent_matmul(
     return _in_float32(lambda x, y: tf.matmul(x, y, transpose_b=bool(transpose_b)), a, b)
 
 
-def _conv_attrs(op: tf.Operation) -> dict:
-    return {
-        "strides": list(op.get_attr("strides")),
-        "padding": op.get_attr("padding"),
-        "dilations": list(op.get_attr("dilations")),
-        "concurrency": op.get_attr("concurrency"),
-    }
-
-
 @tf.RegisterGradient("Glp>ConcurrentConv2D")
 def _concurrent_conv2d_grad(op: tf.Operation, grad: tf.Tensor) -> list[tf.Tensor]:
     native = _native.library()
     inputs, filters = op.inputs
-    attrs = _conv_attrs(op)
+    attrs = {name: op.get_attr(name) for name in ("strides", "padding", "dilations", "concurrency")}
     input_grad = native.glp_concurrent_conv2d_backprop_input(tf.shape(inputs), filters, grad, **attrs)
     filter_grad = native.glp_concurrent_conv2d_backprop_filter(inputs, tf.shape(filters), grad, **attrs)
     return [input_grad, filter_grad]

@@ -52,21 +52,6 @@ def _check_variables(op_name: str, update: HostUpdate, var: tf.Variable, slots: 
             raise invalid(f"{op_name}: grads[{i}] has shape {g.shape} but var has shape {var.shape}")
 
 
-def _decay_inputs(weight_decay, decay_learning_rate, op_name: str):
-    use = weight_decay is not None
-    rate = _scalar(weight_decay if use else 0.0, "weight_decay", op_name)
-    lr = _scalar(decay_learning_rate if use and decay_learning_rate is not None else 0.0,
-                 "decay_learning_rate", op_name)
-    if use and decay_learning_rate is None:
-        raise ValueError(f"{op_name}: weight_decay needs decay_learning_rate (Keras uses the learning rate)")
-    return use, rate, lr
-
-
-def _apply_decay(var: tf.Variable, use: bool, rate: tf.Tensor, lr: tf.Tensor) -> None:
-    if use:
-        var.assign_sub(var * rate * lr)
-
-
 @dataclasses.dataclass(frozen=True)
 class HostUpdate:
     """One fused host update kind: its Glp>HostApply `kind` and its fallback.
@@ -343,15 +328,22 @@ def apply_host_update(
         grads = as_float_tensors(grads, op_name, "grads")
         _check_variables(op_name, update, var, slots, grads)
         values = [_scalar(value, name, op_name) for name, value in zip(update.scalar_names, scalars)]
-        use, rate, decay_lr = _decay_inputs(weight_decay, decay_learning_rate, op_name)
+        use = weight_decay is not None
+        rate = _scalar(weight_decay if use else 0.0, "weight_decay", op_name)
+        decay_lr = _scalar(decay_learning_rate if use and decay_learning_rate is not None else 0.0,
+                           "decay_learning_rate", op_name)
+        if use and decay_learning_rate is None:
+            raise ValueError(f"{op_name}: weight_decay needs decay_learning_rate (Keras uses the learning rate)")
         native = _native.library()
         if native is not None:
             native.glp_host_apply(var.handle, [slot.handle for slot in slots], grads, values, rate, decay_lr,
                                   kind=update.kind, use_weight_decay=use)
             return
-        _check_finite_fallback(op_name, **dict(zip(update.scalar_names, values)),
-                               weight_decay=rate, decay_learning_rate=decay_lr)
-        _apply_decay(var, use, rate, decay_lr)
+        # The fallback's form of the native op's finiteness check.
+        for name, value in [*zip(update.scalar_names, values), ("weight_decay", rate), ("decay_learning_rate", decay_lr)]:
+            tf.debugging.assert_all_finite(value, f"{op_name}: hyper-parameter {name} must be finite")
+        if use:
+            var.assign_sub(var * rate * decay_lr)
         update.fallback(var, list(slots), sum_in_order(grads), values)
 
 
@@ -456,9 +448,3 @@ def host_apply_adam(
                       [alpha, one_minus_beta_1, one_minus_beta_2, epsilon],
                       weight_decay=weight_decay, decay_learning_rate=decay_learning_rate)
 
-
-def _check_finite_fallback(op_name: str, **scalars: tf.Tensor) -> None:
-    """The fallback's equivalent of the native op's finiteness check."""
-    for name, value in scalars.items():
-        tf.debugging.assert_all_finite(
-            value, f"{op_name}: hyper-parameter {name} must be finite")

@@ -9,9 +9,6 @@ import tensorflow as tf
 from tf_glp import _native
 from tf_glp.ops._common import as_float_tensors, invalid, sum_in_order
 
-_REDUCTIONS = ("sum", "mean")
-
-
 @tf.autograph.experimental.do_not_convert  # Note [No AutoGraph in tf_glp]
 def host_reduce(
     tensors: Sequence[tf.Tensor],
@@ -59,7 +56,7 @@ def host_reduce(
         >>> total.numpy(), bool(finite)
         (array([1., 1., 1., 1.], dtype=float32), True)
     """
-    if op not in _REDUCTIONS:
+    if op not in ("sum", "mean"):
         raise ValueError(f"host_reduce: op must be 'sum' or 'mean', got {op!r}")
     if divisor is not None and op != "sum":
         raise ValueError(f"host_reduce: a divisor needs op='sum', got op={op!r}")
