@@ -30,14 +30,10 @@ class AutoStrategy(Strategy, tf.distribute.MirroredStrategy, placement=ONE_MACHI
 
     @property
     def update_concept(self) -> concepts.UpdateConcept:
-        """The concept chosen (or, until the choice, the default)."""
+        """The concept chosen (or, until the choice, the default); while
+        update="auto" measures, the candidate being timed (an injected clock
+        reads its name, `concept`)."""
         return self.update_choice.concept
-
-    @property
-    def concept(self) -> str:
-        """The name of the concept in use, or, while update="auto" measures,
-        of the candidate being timed (an injected clock reads it)."""
-        return self.update_choice.concept.name
 
     def _own_choices(self) -> dict:
         return {"concept": self.update_choice}

@@ -34,15 +34,21 @@ DEFAULT_CLUSTER_TIMEOUT_S = 600
 HEARTBEAT_TIMEOUT_S = 60
 
 
-def cluster_timeout_s() -> float:
-    text = os.environ.get("TF_GLP_CLUSTER_TIMEOUT", str(DEFAULT_CLUSTER_TIMEOUT_S))
+def positive_env(name: str, default, convert=float, what: str = "a number > 0"):
+    """The environment variable `name` (`default` when unset) converted by
+    `convert`; ValueError "`name` must be `what`" unless it is > 0."""
+    text = os.environ.get(name, str(default))
     try:
-        value = float(text)
+        value = convert(text)
     except ValueError:
-        value = 0.0
+        value = 0
     if not value > 0:
-        raise ValueError(f"TF_GLP_CLUSTER_TIMEOUT must be a number of seconds > 0, got {text!r}")
+        raise ValueError(f"{name} must be {what}, got {text!r}")
     return value
+
+
+def cluster_timeout_s() -> float:
+    return positive_env("TF_GLP_CLUSTER_TIMEOUT", DEFAULT_CLUSTER_TIMEOUT_S, what="a number of seconds > 0")
 
 
 def check_tf_config(text: str) -> dict:
@@ -103,16 +109,6 @@ def worker_count(cluster_resolver) -> int:
     """How many workers (tasks of the "chief" and "worker" jobs) the cluster has."""
     cluster_spec = compat.normalized_cluster_spec(cluster_resolver)
     return sum(cluster_spec.num_tasks(job) for job in ("chief", "worker") if job in cluster_spec.jobs)
-
-
-def configure_coordination(cluster_resolver) -> None:
-    """Configures the coordination service as MultiWorkerMirroredStrategy
-    would, with TF_GLP_CLUSTER_TIMEOUT as its register timeout and
-    HEARTBEAT_TIMEOUT_S as its heartbeat and shutdown timeouts. (In
-    TensorFlow 2.21 the register timeout was seen not to bound the start-up
-    wait: _bounded_start does.)"""
-    compat.configure_coordination_service(cluster_resolver, int(cluster_timeout_s() * 1000),
-                                          HEARTBEAT_TIMEOUT_S * 1000)
 
 
 def _addresses(cluster_resolver) -> dict[tuple[str, int], str]:
@@ -191,8 +187,11 @@ def starting(cluster_resolver):
     own = addresses.get((cluster_resolver.task_type, cluster_resolver.task_id))
     if own is not None:
         _check_port_free(own)
-    configure_coordination(cluster_resolver)
-    with _bounded_start(sorted(set(addresses.values()) - {own}), cluster_timeout_s()):
+    # The coordination service as MultiWorkerMirroredStrategy configures it; in TensorFlow 2.21
+    # its register timeout was seen not to bound the start-up wait: _bounded_start does.
+    timeout_s = cluster_timeout_s()
+    compat.configure_coordination_service(cluster_resolver, int(timeout_s * 1000), HEARTBEAT_TIMEOUT_S * 1000)
+    with _bounded_start(sorted(set(addresses.values()) - {own}), timeout_s):
         try:
             yield
         except tf.errors.UnknownError as error:

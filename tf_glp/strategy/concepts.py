@@ -86,8 +86,11 @@ class UpdateConcept:
     settable = True
 
     def sum_gradients(self, strategy, grads: list, loss_scaled: bool) -> list:
-        """The replicas' gradients summed, in the step's merge: on the host."""
-        return strategy._sum_on_host(grads, loss_scaled)
+        """The replicas' gradients summed, in the step's merge: on the host.
+        An fp16 overflow in a loss-scaled step becomes inf and skips the step,
+        as loss scaling intends, instead of raising."""
+        return strategy._host_ops.reduce_to_host(grads, gradients=True,
+                                                 overflow="propagate" if loss_scaled else "raise")
 
     def optimizer_step(self, strategy, optimizer, variables):
         """Context in which Keras' own apply runs the step (on the replicas)."""

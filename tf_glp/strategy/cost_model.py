@@ -68,14 +68,6 @@ class Workload:
     replicas: int
 
 
-def host_components(workload: Workload, rates: HostRates) -> tuple[float, float, float]:
-    """(transfer, host_reduce, host_update) seconds per step."""
-    transfer = workload.gradient_bytes * workload.replicas / rates.transfer_bytes_per_s
-    reduce = workload.gradient_bytes * (workload.replicas + 1) / rates.reduce_bytes_per_s
-    update = workload.parameters / rates.update_params_per_s
-    return transfer, reduce, update
-
-
 # The backward pass computes two products per forward one.
 BACKWARD_SHARE = 2.0 / 3.0
 
@@ -90,7 +82,9 @@ def predict(workload: Workload, rates: HostRates, chunks: int, compute: float | 
     """
     if chunks < 1:
         raise ValueError(f"chunks must be >= 1, got {chunks}")
-    transfer, reduce, update = host_components(workload, rates)
+    transfer = workload.gradient_bytes * workload.replicas / rates.transfer_bytes_per_s
+    reduce = workload.gradient_bytes * (workload.replicas + 1) / rates.reduce_bytes_per_s
+    update = workload.parameters / rates.update_params_per_s
     host = transfer + reduce + update
     hidden = host * (chunks - 1) / chunks
     if compute is not None:

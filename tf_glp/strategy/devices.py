@@ -45,12 +45,13 @@ def default_devices(cpu_replicas: int | None, across_workers: bool = False) -> l
     """All GPUs; without GPUs, `cpu_replicas` logical CPUs (default: the
     TF_GLP_CPU_REPLICAS environment variable, which tf_glp.launch sets, else
     one per worker across workers and 2 on one machine, where one device is
-    not the choice: see trains_on_one_device)."""
+    not the choice: see placement)."""
     gpus = tf.config.list_physical_devices("GPU")
     if gpus and cpu_replicas is None:
         return [f"/gpu:{i}" for i in range(len(gpus))]
     if cpu_replicas is None:
-        cpu_replicas = _env_cpu_replicas(1 if across_workers else 2)
+        cpu_replicas = cluster.positive_env("TF_GLP_CPU_REPLICAS", 1 if across_workers else 2, int,
+                                            "an integer >= 1")
     return cpu_replica_devices(cpu_replicas)
 
 
@@ -73,31 +74,15 @@ def all_gpus(devices) -> bool:
     return all("gpu" in d.lower() for d in devices)
 
 
-def trains_on_one_device(devices, cpu_replicas: int | None) -> bool:
-    """Whether `tf_glp.Strategy()` trains on one device: no devices and no
-    replica count given (nor TF_GLP_CPU_REPLICAS), and no GPU. Logical CPU
-    replicas share the same cores, so they could only add work."""
-    return (devices is None and cpu_replicas is None and "TF_GLP_CPU_REPLICAS" not in os.environ
-            and not tf.config.list_physical_devices("GPU"))
-
-
 def placement(settings) -> str:
     """Where `tf_glp.Strategy(...)` trains with these Settings: across
-    workers (a cluster is given or in TF_CONFIG), on one device, or on one
-    machine's replicas."""
+    workers (a cluster is given or in TF_CONFIG); on one device when no
+    micro_batches, devices or replica count are given (nor
+    TF_GLP_CPU_REPLICAS) and there is no GPU (logical CPU replicas share the
+    same cores, so they could only add work); else on one machine's replicas."""
     if cluster.resolve_cluster(settings.cluster_resolver) is not None:
         return WORKERS
-    if settings.micro_batches is None and trains_on_one_device(settings.devices, settings.cpu_replicas):
+    if (settings.micro_batches is None and settings.devices is None and settings.cpu_replicas is None
+            and "TF_GLP_CPU_REPLICAS" not in os.environ and not tf.config.list_physical_devices("GPU")):
         return ONE_DEVICE
     return ONE_MACHINE
-
-
-def _env_cpu_replicas(default: int) -> int:
-    text = os.environ.get("TF_GLP_CPU_REPLICAS", str(default))
-    try:
-        count = int(text)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise ValueError(f"TF_GLP_CPU_REPLICAS must be an integer >= 1, got {text!r}")
-    return count

@@ -51,14 +51,16 @@ import tensorflow as tf
 from tf_glp._keras import compat
 
 
-def _same_device(a: str, b: str) -> bool:
+def _device_index(devices, device: str) -> int | None:
+    """The index of the first of `devices` that is `device` (a missing
+    job/task matches any: a local device string), or None."""
     def canonical(name):
         spec = tf.DeviceSpec.from_string(name)
         return (spec.job, spec.task, (spec.device_type or "").upper(), spec.device_index or 0)
 
-    a, b = canonical(a), canonical(b)
-    # A missing job/task matches any (a local device string).
-    return all(x == y or x is None or y is None for x, y in zip(a, b))
+    wanted = canonical(device)
+    return next((index for index, name in enumerate(devices)
+                 if all(x == y or x is None or y is None for x, y in zip(canonical(name), wanted))), None)
 
 
 class HostUpdateExtended:
@@ -107,17 +109,11 @@ class HostUpdateExtended:
         return compat.is_distributed_variable(variable) and not compat.is_sync_on_read(
             variable) and variable.trainable
 
-    def _host_index(self, variable) -> int | None:
-        for index, component in enumerate(variable.values):
-            if _same_device(component.device, self._glp_host_device):
-                return index
-        return None
-
     def host_copy(self, variable, *, refresh: bool = True):
         """The host copy of a trainable mirrored variable (see the module
         docstring); a separate host variable is refreshed from the first
         replica unless refresh=False."""
-        index = self._host_index(variable)
+        index = _device_index([c.device for c in variable.values], self._glp_host_device)
         if index is not None:
             return variable.values[index]
         with self._glp_lock:
@@ -178,14 +174,8 @@ class HostUpdateExtended:
         """The optimizer step on the host: inside, each of these Keras
         variables (the trainable ones with a host copy) points at its host
         copy; at the end each is copied to the replicas."""
-        swapped = []
-        seen = set()
-        for keras_variable in keras_variables:
-            inner = compat.keras_variable_value(keras_variable)
-            if id(keras_variable) in seen or not self.has_host_copy(inner):
-                continue
-            seen.add(id(keras_variable))
-            swapped.append((keras_variable, inner))
+        swapped = [(v, inner) for v in {id(v): v for v in keras_variables}.values()
+                   if self.has_host_copy(inner := compat.keras_variable_value(v))]
         outer = self._glp_pending
         self._glp_pending = [inner for _, inner in swapped]
         for keras_variable, inner in swapped:
@@ -196,11 +186,8 @@ class HostUpdateExtended:
             for keras_variable, inner in swapped:
                 compat.set_keras_variable_value(keras_variable, inner)
             pending, self._glp_pending = self._glp_pending, outer
-        copied = set()
-        for variable in pending:
-            if id(variable) not in copied:
-                copied.add(id(variable))
-                self._copy_to_replicas(variable)
+        for variable in {id(v): v for v in pending}.values():
+            self._copy_to_replicas(variable)
 
     # -- updates ------------------------------------------------------------
     def _update(self, var, fn, args, kwargs, group):
@@ -210,9 +197,9 @@ class HostUpdateExtended:
             if not self.has_host_copy(var):
                 return super()._update(var, fn, args, kwargs, group)
             target = self._write_target(var)
-            index = self._host_index(var) or 0
+            index = _device_index([c.device for c in var.values], self._glp_host_device) or 0
         else:
-            target, index = var, (self._host_index_of_device(var.device) or 0)
+            target, index = var, (_device_index(self.worker_devices, var.device) or 0)
         # No UpdateContext: a mirrored variable written inside `fn` (one the
         # optimizer does not own) is then written on every copy, once.
         with tf.device(target.device):
@@ -221,12 +208,6 @@ class HostUpdateExtended:
         if compat.is_distributed_variable(var) and self._glp_pending is None:
             self._copy_to_replicas(var)
         return result if group else tf.nest.map_structure(self._local_results, result)
-
-    def _host_index_of_device(self, device: str) -> int | None:
-        for index, name in enumerate(self.worker_devices):
-            if _same_device(name, device):
-                return index
-        return None
 
     def read_var(self, var):
         if isinstance(var, tf.distribute.DistributedValues):

@@ -69,11 +69,6 @@ class Settings:
                                  f"gradients in float32 as they are; compression={self.compression!r} cannot "
                                  f"apply to them: pass one")
 
-    @property
-    def concept(self) -> concepts.UpdateConcept:
-        """The update concept these settings run before (or without) a measurement."""
-        return concepts.for_setting(self.update)
-
     def describe(self) -> str:
         """The settings as arguments: update, chunking and compression
         always, the others where they differ from their defaults."""

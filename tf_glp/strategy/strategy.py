@@ -184,7 +184,7 @@ class Strategy(tf.distribute.Strategy):
     @property
     def update_concept(self) -> concepts.UpdateConcept:
         """The update concept in use (concepts.py)."""
-        return self.settings.concept
+        return concepts.for_setting(self.settings.update)
 
     @property
     def concept(self) -> str:
@@ -277,12 +277,8 @@ class Strategy(tf.distribute.Strategy):
         return self._host_ops.reducing_gradients()
 
     def _apply_once(self, optimizer, run, grads, variables, *, loss_scaled: bool = False) -> None:
-        """The optimizer step from the replicas' step: one merge; there the
-        concept sums the replicas' gradients and `run(summed_grads,
-        variables)` (Keras' own apply) runs once, in cross-replica context,
-        inside the concept's optimizer step (on the host copies for
-        "host"). The fused update may take the per-replica gradients
-        unsummed (_takes_gradients_unsummed)."""
+        """One merge: the concept sums the gradients (or the fused update takes
+        them unsummed) and `run` runs inside the concept's optimizer step."""
         no_xla.check_not_in_xla()
         concept = self.update_concept
 
@@ -300,12 +296,9 @@ class Strategy(tf.distribute.Strategy):
         tf.distribute.get_replica_context().merge_call(merge_fn, args=(list(grads),))
 
     def _build_outside_the_trace(self, optimizer, variables) -> None:
-        """Builds an optimizer met unbuilt in the replicas' step (a custom
-        loop's first `apply_gradients`) outside any trace, in this scope, as
-        `fit` builds it: what a traced `build` writes (ScheduleFreeAdamW
-        copies the weights into its momentum) would be lost, tf.function
-        running only the initializers of the variables a first trace
-        creates. (Plain Keras on one device loses those writes too.)"""
+        """Builds in this scope, outside any trace, as `fit` does: a traced `build`'s
+        writes (ScheduleFreeAdamW copies the weights into its momentum) are lost, tf.function
+        running only the new variables' initializers (plain Keras on one device loses them too)."""
 
         def build(strategy):
             if optimizer.built:
@@ -326,12 +319,6 @@ class Strategy(tf.distribute.Strategy):
         return True
 
     # -- the concept's optimizer step ----------------------------------------
-    def _sum_on_host(self, grads: list, loss_scaled: bool) -> list:
-        """The replicas' gradients summed on the host (the host concepts' sum)."""
-        # An fp16 overflow in a loss-scaled step becomes inf and skips the
-        # step, as loss scaling intends, instead of raising.
-        return self._host_ops.reduce_to_host(grads, gradients=True, overflow="propagate" if loss_scaled else "raise")
-
     def _fuses_update(self, optimizer, variables) -> bool:
         """Whether the concept's step runs tf_glp's fused update for this optimizer."""
         return self.update_concept.steps_on_host and supports_fused_update(
