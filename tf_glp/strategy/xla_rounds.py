@@ -37,7 +37,8 @@ def measure(choice, state, model, arguments: dict, batch: int | None, base, xla,
     times, compile_s, error = _rounds(model, data, base, xla, choice, state, fit_steps)
     if error:
         return error
-    state.times_ms.update(times)
+    # (The base's times here are on the first batch, repeated, apart from the counts' on the fit's steps.)
+    state.times_ms.update({xla.label: times[xla.label], f"{base.label} beside XLA": times[base.label]})
     wins, gain = rule.beats(times[base.label], times[xla.label], rule.COUNT_GAIN)
     state.xla_wins, state.xla_steps = wins, base.steps_per_execution
     return (f"XLA at {base.steps_per_execution}: {gain:.2f}x "
