@@ -329,8 +329,8 @@ class PutBack(keras.callbacks.Callback):
 # (What and why: docs/strategy.md, "The counts are measured on your own
 # training steps".) Keras' epoch loop calls fit's train function every
 # `largest` steps; that function is CountRounds, which runs each call's
-# steps at the count being timed (an epoch's shorter last call at count 1),
-# each count on Keras' own train function, traced at its first call (not
+# steps at the count being timed (an epoch's shorter last call at the
+# largest where it is traced and 1 did not win), each count on Keras' own train function, traced at its first call (not
 # timed). Count 1 is timed first (LONG_STEP_S or more keeps it); then the
 # largest, 1 and the largest: the first round, two calls of each compared by
 # their means (_weigh); then up to choice.rounds, where budget allows. The
@@ -412,7 +412,10 @@ class CountRounds(keras.callbacks.Callback):
         self._steps += steps
         if self._winner is None and self._steps >= self._fit_steps:
             self._unmeasured()  # (said before fit's callbacks end: the profiler's plan notes explain())
-        if self._winner is not None or steps < self._largest or not self._queue:
+        if steps < self._largest:  # an epoch's last, shorter call (not timed)
+            return self._run(self._largest if self._winner != 1 and self._largest in self._called else 1, steps,
+                             iterator)
+        if self._winner is not None or not self._queue:
             return self._run(self._winner or 1, steps, iterator)
         count = self._queue.pop(0)
         if count not in self._called:  # (its first call traces: run, not timed, and queued again)
@@ -431,14 +434,15 @@ class CountRounds(keras.callbacks.Callback):
         return logs
 
     def _run(self, count: int, steps: int, iterator):
-        """Runs `steps` steps at `count` per call, or one per call where fewer
-        remain (an epoch's last call)."""
-        count = count if steps == count else 1
+        """Runs `steps` steps: at 1 per call, or in one call of the largest
+        count. An epoch's last, shorter call comes only where the data ends
+        the epoch (_whole), so the largest's function stops there, as
+        Keras' own loop at that count does."""
         logs, model = None, self.model
         try:
             function, model.steps_per_execution = self._function(count), count
             self._called.add(count)
-            for _ in range(steps // count):
+            for _ in range(1 if count == self._largest else steps):
                 logs = function(iterator)
         except (StopIteration, tf.errors.OutOfRangeError):  # the input ended: what ran is this call's (Keras' own multi-step call does so)
             if logs is None:
