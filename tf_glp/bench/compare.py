@@ -88,7 +88,8 @@ def _runs(args) -> list[dict]:
                 continue
             for replicas in ([1] if CONCEPTS[concept][1] else args.replicas):
                 for seed in range(args.seeds):
-                    runs.append({"workload": workload, "concept": concept, "replicas": replicas, "seed": seed, **common})
+                    runs.append({"workload": workload, "concept": concept, "replicas": replicas, "seed": seed,
+                                 **common})
         for workers in args.workers or []:
             for concept in MULTI_WORKER_CONCEPTS:
                 for seed in range(args.seeds):

@@ -340,7 +340,8 @@ def apply_host_update(
                                   kind=update.kind, use_weight_decay=use)
             return
         # The fallback's form of the native op's finiteness check.
-        for name, value in [*zip(update.scalar_names, values), ("weight_decay", rate), ("decay_learning_rate", decay_lr)]:
+        named = [*zip(update.scalar_names, values), ("weight_decay", rate), ("decay_learning_rate", decay_lr)]
+        for name, value in named:
             tf.debugging.assert_all_finite(value, f"{op_name}: hyper-parameter {name} must be finite")
         if use:
             var.assign_sub(var * rate * decay_lr)
@@ -447,4 +448,3 @@ def host_apply_adam(
     apply_host_update(ADAM_UPDATE, var, [m, v], grads,
                       [alpha, one_minus_beta_1, one_minus_beta_2, epsilon],
                       weight_decay=weight_decay, decay_learning_rate=decay_learning_rate)
-

@@ -9,6 +9,7 @@ import tensorflow as tf
 from tf_glp import _native
 from tf_glp.ops._common import as_float_tensors, invalid, sum_in_order
 
+
 @tf.autograph.experimental.do_not_convert  # Note [No AutoGraph in tf_glp]
 def host_reduce(
     tensors: Sequence[tf.Tensor],

@@ -330,11 +330,12 @@ class PutBack(keras.callbacks.Callback):
 # training steps".) Keras' epoch loop calls fit's train function every
 # `largest` steps; that function is CountRounds, which runs each call's
 # steps at the count being timed (an epoch's shorter last call at the
-# largest where it is traced and 1 did not win), each count on Keras' own train function, traced at its first call (not
-# timed). Count 1 is timed first (LONG_STEP_S or more keeps it); then the
-# largest, 1 and the largest: the first round, two calls of each compared by
-# their means (_weigh); then up to choice.rounds, where budget allows. The
-# weights are count 1's (tested bitwise against the count by hand).
+# largest where that is traced and 1 did not win), each count on Keras' own
+# train function, traced at its first call (not timed). Count 1 is timed
+# first (LONG_STEP_S or more keeps it); then the largest, 1 and the largest:
+# the first round, two calls of each compared by their means (_weigh); then
+# up to choice.rounds, where budget allows. The weights are count 1's
+# (tested bitwise against the count by hand).
 def _weigh(choice: ExecutionChoice, fit_steps: int, rest_steps: int, one: list[float], many: list[float],
            largest: int) -> tuple[int | None, str, bool]:
     """After the first round (`one`, `many`: count 1's and the largest's ms

@@ -296,9 +296,10 @@ class Strategy(tf.distribute.Strategy):
         tf.distribute.get_replica_context().merge_call(merge_fn, args=(list(grads),))
 
     def _build_outside_the_trace(self, optimizer, variables) -> None:
-        """Builds in this scope, outside any trace, as `fit` does: a traced `build`'s
-        writes (ScheduleFreeAdamW copies the weights into its momentum) are lost, tf.function
-        running only the new variables' initializers (plain Keras on one device loses them too)."""
+        """Builds an optimizer met unbuilt in the replicas' step (a custom loop's
+        first `apply_gradients`) in this scope, outside any trace, as `fit` does: a
+        traced `build`'s writes (ScheduleFreeAdamW copies the weights into its
+        momentum) would be lost (plain Keras on one device loses them too)."""
 
         def build(strategy):
             if optimizer.built:

@@ -42,7 +42,8 @@ def measure(choice, state, model, arguments: dict, batch: int | None, base, xla,
     wins, gain = rule.beats(times[base.label], times[xla.label], rule.COUNT_GAIN)
     state.xla_wins, state.xla_steps = wins, base.steps_per_execution
     return (f"XLA at {base.steps_per_execution}: {gain:.2f}x "
-            f"{'faster, beyond the spread' if wins else '(not faster beyond the spread)'}, its compile {compile_s:.1f} s")
+            f"{'faster, beyond the spread' if wins else '(not faster beyond the spread)'}, "
+            f"its compile {compile_s:.1f} s")
 
 
 def _rounds(model, data, base, xla, choice, state, fit_steps: int):

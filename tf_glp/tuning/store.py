@@ -210,7 +210,8 @@ def write_entry(path: str, key: dict, entry: dict, section: str, valid, who: str
             except (OSError, ValueError):
                 sections = {}
             kept = sections.get(section)
-            entries = [e for e in (kept if isinstance(kept, list) else []) if _readable(e, valid) and not same(e["key"])]
+            entries = [e for e in (kept if isinstance(kept, list) else [])
+                       if _readable(e, valid) and not same(e["key"])]
             entries.append({"key": key, **entry})
             write_json(path, {**sections, section: entries[-MAX_ENTRIES:]})
     except OSError as error:
