@@ -294,6 +294,33 @@ def test_the_count_is_switched_within_the_first_epoch_and_trains_bitwise_like_th
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), err_msg=mine.path)
 
 
+def test_an_epochs_last_shorter_call_runs_at_the_largest_count_once_it_is_traced(monkeypatch):
+    """Epochs of 10 steps (4 + 4 + 2), XLA not weighed: the first epoch's
+    last call runs step by step at 1 (4 is not traced yet), every later one
+    in one call of 4 (it stops where the epoch's data ends), before 4 has
+    won and after. Count 1 runs the first epoch and one timed call: 14 steps."""
+    runs = {1: 0, 4: 0}
+    function_at = execution_choice.CountRounds._function
+
+    def counted(self, count):
+        function = function_at(self, count)
+
+        def run(iterator):
+            runs[count] += 1
+            return function(iterator)
+        return run
+
+    monkeypatch.setattr(execution_choice.CountRounds, "_function", counted)
+    strategy = _strategy(FAST_4)
+    strategy._choices["execution"].xla_hint = 0.0  # noqa: SLF001 (XLA not weighed: its traces would be 1's and 4's)
+    with strategy.scope():
+        model = _model()
+    _fit(model)
+    assert "steps_per_execution=4, no XLA: 3.00x as fast as 1" in strategy.explain(), strategy.explain()
+    assert runs == {1: 14, 4: 8}, runs  # (4: a trace, two timed calls, the last calls of epochs 2-4, epoch 4's two)
+    assert int(model.optimizer.iterations.numpy()) == EPOCHS * SAMPLES // BATCH
+
+
 def test_one_step_per_call_runs_only_where_it_is_faster_beyond_the_spread():
     strategy = _strategy({"1": 1.0, "4": 3.0, "XLA 4": 3.0})
     with strategy.scope():
