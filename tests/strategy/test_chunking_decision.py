@@ -2,6 +2,9 @@
 model calibrated on the one-chunk steps and at most one confirming retrace
 (scripted step times: no GPU needed)."""
 
+import json
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -102,6 +105,57 @@ def test_fit_ending_mid_decision_keeps_one_chunk_and_never_searches_again(monkey
                                                 SLOW_HOST, steps=5)
     assert strategy.chunking_state.decided and strategy.chunking_state.in_use() == 1 and same_function
     assert chunking_decision.decide_without_measuring(strategy)  # later fits add no callback
+
+
+def test_a_measured_decision_is_kept_in_the_plan_store_and_reused(monkeypatch, tmp_path):
+    """On GPUs (scripted here) the decision made by measuring goes to the
+    plan store; the next run of the same model decides from it, without a
+    callback, a measurement or a retrace. A fit that ends before the
+    measurement is not kept."""
+    plan = str(tmp_path / "plan.json")
+    x = np.zeros((64, 256), np.float32)
+
+    def prepared(**settings):
+        strategy = tf_glp.Strategy(cpu_replicas=2, update="host", plan_path=plan, **settings)
+        monkeypatch.setattr(strategy, "uses_gpus", lambda: True)
+        monkeypatch.setattr(strategy, "_host_rates", lambda optimizer=None: SLOW_HOST)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((256,))] + [keras.layers.Dense(256) for _ in range(8)])
+            model.compile(optimizer="sgd", loss="mse")
+        callbacks = chunking_decision.ChunkingChoice(strategy).prepare(model, {"x": x}, 32, [])
+        return strategy, model, callbacks
+
+    strategy, model, [decision] = prepared()
+    decision.set_model(model)
+    decision.on_train_begin()
+    decision.on_train_end()  # (the fit ended before 1 chunk was timed)
+    assert strategy.chunking_state.in_use() == 1 and not os.path.exists(plan)
+
+    strategy, model, [decision] = prepared()
+    clock = FakeClock()
+    monkeypatch.setattr(chunking_decision, "time", clock)
+    monkeypatch.setattr(model, "make_train_function", lambda force=False: None)
+    decision.set_model(model)
+    decision.on_train_begin()
+    step_ms, traced = {1: 40.0, 4: 25.0}, None
+    for batch in range(20):
+        if strategy.chunking_state.decided:
+            break
+        chunks = strategy.chunking_state.in_use()
+        decision.on_train_batch_begin(batch)
+        clock.now += (500.0 if chunks != traced else step_ms.get(chunks, 25.0)) / 1e3
+        traced = chunks
+        decision.on_train_batch_end(batch)
+    chosen = strategy.chunking_state.in_use()
+    assert chosen > 1 and "measured" in strategy.chunking_state.reason
+    [entry] = json.loads(open(plan).read())["chunkings"]
+    assert entry["chunks"] == chosen and entry["key"]["update"] == "host"
+
+    again, model, callbacks = prepared()
+    assert callbacks == [] and again.chunking_state.decided and again.chunking_state.in_use() == chosen
+    assert f"(reused {plan})" in again.explain(), again.explain()
+    other, model, callbacks = prepared(compression="bf16")  # another key: measured
+    assert len(callbacks) == 1 and not other.chunking_state.decided
 
 
 def test_bad_settings():

@@ -62,6 +62,24 @@ def test_a_second_run_reuses_every_choice_and_trains_the_same_weights(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def test_models_built_by_fit_are_keyed_by_their_own_shapes(tmp_path):
+    """A Sequential without an Input is built by fit: built from the first
+    batch before its key is made, two such models of different widths get
+    entries of their own (with an empty key the second reused the first's)."""
+    plan = str(tmp_path / "plan.json")
+    rng = np.random.default_rng(0)
+    x, y = rng.random((1024, 8), dtype=np.float32), rng.integers(0, 2, 1024)
+    for units in (16, 64):
+        strategy = tf_glp.Strategy(plan_path=plan)
+        with strategy.scope():
+            model = keras.Sequential([keras.layers.Dense(units, activation="relu"), keras.layers.Dense(2)])
+            model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+        assert "reused" not in strategy.explain(), strategy.explain()
+    entries = json.loads(open(plan).read())[store.EXECUTIONS]
+    assert [entry["key"]["trainable"][0][0] for entry in entries] == [[8, 16], [8, 64]]
+
+
 def test_a_cache_that_cannot_be_written_warns_once_and_trains(tmp_path, monkeypatch):
     blocked = tmp_path / "a file, not a folder"
     blocked.write_text("")

@@ -16,6 +16,11 @@ chunking ever gave back. So the choice is made once, in the first fit:
    kept only if it measures faster than one chunk, else the one-chunk
    function, kept aside, comes back (no second retrace).
 4. If fit() ends first, what was measured decides; later fits never search.
+
+A decision made by 2. or 3. goes to the plan store's "chunkings" section
+(tf_glp/tuning/store.py): the next run of the same model, batch, devices,
+compression and concept reuses it without measuring (on one machine: each
+worker of a cluster has a cache of its own).
 """
 
 from __future__ import annotations
@@ -25,9 +30,12 @@ import time
 
 import keras
 
+from tf_glp._keras import compat
 from tf_glp.strategy import cost_model
 from tf_glp.strategy.chunking import Trial
+from tf_glp.tuning import rounds, store
 
+WHO = "tf_glp.Strategy (chunking)"
 CPU_REASON = ("chunking cannot help here: the replicas are logical CPU devices that share the host's cores, "
               "so the host's work has no idle device time to hide in (no measurement, no retrace)")
 
@@ -52,10 +60,26 @@ class ChunkingChoice:
         self._strategy = strategy
 
     def prepare(self, model, arguments: dict, batch: int | None, callbacks: list) -> list:
-        del model, arguments, batch
-        if decide_without_measuring(self._strategy) or any(isinstance(c, ChunkingDecision) for c in callbacks):
+        strategy = self._strategy
+        if decide_without_measuring(strategy) or any(isinstance(c, ChunkingDecision) for c in callbacks):
             return []
-        return [ChunkingDecision(self._strategy)]
+        decision = ChunkingDecision(strategy)
+        path = store.resolve(strategy.settings.plan_path)
+        # (Across workers not kept: each worker's cache could hold another decision.)
+        if path and not compat.in_multi_worker_mode(strategy) and rounds.keyed(model, arguments, batch):
+            key = store.model_key(model, devices=list(strategy.extended.worker_devices), global_batch=batch,
+                                  compression=strategy.compression, update=strategy.update_concept.name)
+            stored = store.read_plan(path, key, store.CHUNKINGS, _valid_entry, WHO)
+            if stored is not None:
+                strategy.chunking_state.decide(stored["chunks"], f"{stored['reason']} (reused {path})")
+                return []
+            decision._remember = (path, key)
+        return [decision]
+
+
+def _valid_entry(entry: dict) -> bool:
+    chunks = entry.get("chunks")
+    return isinstance(chunks, int) and chunks >= 1 and isinstance(entry.get("reason"), str)
 
 
 class ChunkingDecision(keras.callbacks.Callback):
@@ -88,6 +112,7 @@ class ChunkingDecision(keras.callbacks.Callback):
         self._start = 0.0
         self._one_chunk_function = None
         self._one_chunk_time = 0.0
+        self._remember: tuple[str, dict] | None = None  # (plan file, key) where ChunkingChoice keeps the decision
 
     @property
     def _chunking(self):
@@ -155,18 +180,22 @@ class ChunkingDecision(keras.callbacks.Callback):
             self._back_to_one_chunk(f"{trial.chunks} chunks measured {measured * 1e3:.2f} ms, not faster than "
                                     f"{self._one_chunk_time * 1e3:.2f} ms for 1")
 
-    def _back_to_one_chunk(self, reason: str) -> None:
+    def _back_to_one_chunk(self, reason: str, measured: bool = True) -> None:
         # The one-chunk train function was kept aside: no second retrace.
         self.model.train_function = self._one_chunk_function
-        self._finish(1, reason)
+        self._finish(1, reason, measured)
 
-    def _finish(self, chunks: int, reason: str) -> None:
+    def _finish(self, chunks: int, reason: str, measured: bool = True) -> None:
+        """Decides; a decision the measurement made is kept in the plan store."""
         self._chunking.decide(chunks, reason)
         self._phase = None
         self._one_chunk_function = None
+        if measured and self._remember is not None:
+            path, key = self._remember
+            store.write_entry(path, key, {"chunks": chunks, "reason": reason}, store.CHUNKINGS, _valid_entry, WHO)
 
     def on_train_end(self, logs=None):
         if self._phase == "one":
-            self._finish(1, "fit() ended before 1 chunk was timed; 1 chunk kept")
+            self._finish(1, "fit() ended before 1 chunk was timed; 1 chunk kept", measured=False)
         elif self._phase == "candidate":
-            self._back_to_one_chunk("fit() ended before the candidate was timed; back to 1 chunk")
+            self._back_to_one_chunk("fit() ended before the candidate was timed; back to 1 chunk", measured=False)

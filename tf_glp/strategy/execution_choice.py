@@ -214,10 +214,11 @@ class ExecutionChoice:
         if model.optimizer is None:
             state.reason = "the model is not compiled with an optimizer (not measured)"
             return []
-        path = self.plan_path
+        path = self.plan_path if self.plan_path and rounds_lib.keyed(model, arguments, batch) else None
         # (The key: what the measurement depends on; not allow_xla, which only decides whether a win is taken.)
         state.key = store.model_key(model, devices=list(strategy.extended.worker_devices), global_batch=batch,
-                                    candidates=counts, xla=measure_xla, update=strategy.update_concept.name)
+                                    candidates=counts, xla=measure_xla,
+                                    update=strategy.update_concept.name) if path else None
         stored = store.read_plan(path, state.key, store.EXECUTIONS, _valid_entry, WHO) if path else None
         # (A way kept for a fit of some length: a longer fit may measure.)
         if stored is not None and fit_steps <= stored.get("kept_for_fit_steps", fit_steps):
@@ -247,7 +248,7 @@ class ExecutionChoice:
         return [] if len(counts) == 1 or hooked else counts
 
     def _store(self, state: ModelExecution, extra: dict) -> None:
-        if self.plan_path:
+        if state.key is not None:
             store.write_entry(self.plan_path, state.key, {
                 "steps_per_execution": state.best.steps_per_execution, "xla_wins": state.xla_wins,
                 "xla_steps": state.xla_steps, "reason": state.reason, "times_ms": state.times_ms, **extra},

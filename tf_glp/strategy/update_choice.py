@@ -137,7 +137,7 @@ def decide(strategy, model, arguments: dict, batch: int | None) -> None:
     if data is None:
         choice.decide(concepts.DEFAULT, f"{why} (not measured)")
         return
-    _build_without_optimizer(model, data)  # (what is built already stays as it is)
+    rounds_lib.build_without_optimizer(model, data)  # (what is built already stays as it is)
     key = store.model_key(model, devices=list(strategy.extended.worker_devices), global_batch=batch,
                           compression=strategy.compression)
     path = store.resolve(strategy.settings.plan_path)
@@ -179,17 +179,6 @@ def decide(strategy, model, arguments: dict, batch: int | None) -> None:
         store.write_entry(path, key, {"choice": concept.name, "reason": why,
                                       "times_ms": {_label(w): ms for w, ms in times.items()}},
                           store.PLANS, _known_concept, WHO)
-
-
-def _build_without_optimizer(model, data) -> None:
-    """Builds the model and its compiled loss and metrics as fit would
-    (their variables then exist before any candidate's trace), leaving the
-    optimizer unbuilt (it is built under the chosen concept)."""
-    optimizer, model.optimizer = model.optimizer, None
-    try:
-        compat.symbolic_build(model, data)
-    finally:
-        model.optimizer = optimizer
 
 
 # -- the measurement ---------------------------------------------------------

@@ -1,5 +1,6 @@
 """What the start-up choices share to time ways on the user's own model:
-fit's length and first batch read from its arguments (the input not consumed), every variable kept
+fit's length and first batch read from its arguments (the input not consumed), the model built
+from that batch (the plan store's key holds its shapes), every variable kept
 and put back around a measurement on it, the wait for a step's outputs,
 the line of an error that says what failed, and the announcement fit
 prints once."""
@@ -11,6 +12,8 @@ import re
 
 import keras
 import tensorflow as tf
+
+from tf_glp._keras import compat
 
 
 def first_batch(arguments: dict, batch: int | None):
@@ -31,6 +34,31 @@ def first_batch(arguments: dict, batch: int | None):
             return (head(x), head(y), head(weights)), ""
         return ((head(x),) if y is None else (head(x), head(y))), ""
     return None, "fit's input is not arrays or a tf.data.Dataset (it cannot be read twice)"
+
+
+def build_without_optimizer(model, data) -> None:
+    """Builds the model and its compiled loss and metrics from one batch as
+    fit would (their variables then exist before anything is traced),
+    leaving the optimizer unbuilt (fit builds it, under the update concept
+    chosen)."""
+    optimizer, model.optimizer = model.optimizer, None
+    try:
+        compat.symbolic_build(model, data)
+    finally:
+        model.optimizer = optimizer
+
+
+def keyed(model, arguments: dict, batch: int | None) -> bool:
+    """Whether `model`'s trainable shapes are known, so that a plan store
+    key says which model it is for: an unbuilt model (a Sequential without
+    an Input, a subclassed model) is built from fit's first batch where it
+    can be read (its key would otherwise be any unbuilt model's)."""
+    if not model.built:
+        data, _ = first_batch(arguments, batch)
+        if data is not None:
+            with model.distribute_strategy.scope():
+                build_without_optimizer(model, data)
+    return model.built
 
 
 def training_samples(arguments: dict) -> int | None:

@@ -39,9 +39,10 @@ FILE_NAME = "strategy_plans.json"
 LAYER_PLANS = "layer_plans"
 # The sections, one per start-up choice kept here: the update concept
 # (update_choice.py), the steps per execution (execution_choice.py), the
-# one-device optimizer step (one_device_strategy.py).
-PLANS, EXECUTIONS, OPTIMIZER_STEPS = "plans", "executions", "optimizer_steps"
-SECTIONS = (PLANS, EXECUTIONS, OPTIMIZER_STEPS)
+# one-device optimizer step (one_device_strategy.py), chunking="auto" on
+# GPUs (chunking_decision.py).
+PLANS, EXECUTIONS, OPTIMIZER_STEPS, CHUNKINGS = "plans", "executions", "optimizer_steps", "chunkings"
+SECTIONS = (PLANS, EXECUTIONS, OPTIMIZER_STEPS, CHUNKINGS)
 # The key fields that say which model an entry is for; the others say where
 # and how it ran.
 MODEL_FIELDS = ("optimizer", "trainable")
