@@ -67,8 +67,8 @@ class ChunkingChoice:
         path = store.resolve(strategy.settings.plan_path)
         # (Across workers not kept: each worker's cache could hold another decision.)
         if path and not compat.in_multi_worker_mode(strategy) and rounds.keyed(model, arguments, batch):
-            key = store.model_key(model, devices=list(strategy.extended.worker_devices), global_batch=batch,
-                                  compression=strategy.compression, update=strategy.update_concept.name)
+            key = store.fit_key(model, strategy, batch, compression=strategy.compression,
+                                update=strategy.update_concept.name)
             stored = store.read_plan(path, key, store.CHUNKINGS, _valid_entry, WHO)
             if stored is not None:
                 strategy.chunking_state.decide(stored["chunks"], f"{stored['reason']} (reused {path})")

@@ -216,9 +216,8 @@ class ExecutionChoice:
             return []
         path = self.plan_path if self.plan_path and rounds_lib.keyed(model, arguments, batch) else None
         # (The key: what the measurement depends on; not allow_xla, which only decides whether a win is taken.)
-        state.key = store.model_key(model, devices=list(strategy.extended.worker_devices), global_batch=batch,
-                                    candidates=counts, xla=measure_xla,
-                                    update=strategy.update_concept.name) if path else None
+        state.key = store.fit_key(model, strategy, batch, candidates=counts, xla=measure_xla,
+                                  update=strategy.update_concept.name) if path else None
         stored = store.read_plan(path, state.key, store.EXECUTIONS, _valid_entry, WHO) if path else None
         # (A way kept for a fit of some length: a longer fit may measure.)
         if stored is not None and fit_steps <= stored.get("kept_for_fit_steps", fit_steps):

@@ -138,8 +138,7 @@ def decide(strategy, model, arguments: dict, batch: int | None) -> None:
         choice.decide(concepts.DEFAULT, f"{why} (not measured)")
         return
     rounds_lib.build_without_optimizer(model, data)  # (what is built already stays as it is)
-    key = store.model_key(model, devices=list(strategy.extended.worker_devices), global_batch=batch,
-                          compression=strategy.compression)
+    key = store.fit_key(model, strategy, batch, compression=strategy.compression)
     path = store.resolve(strategy.settings.plan_path)
     stored = store.read_plan(path, key, store.PLANS, _known_concept, WHO) if path else None
     if stored is not None:

@@ -102,6 +102,11 @@ def model_key(model, **fields) -> dict:
             "trainable": [[list(v.shape), str(v.dtype)] for v in model.trainable_variables], **fields}
 
 
+def fit_key(model, strategy, batch: int | None, **fields) -> dict:
+    """model_key for a fit under `strategy`: its devices and global `batch` too."""
+    return model_key(model, devices=list(strategy.extended.worker_devices), global_batch=batch, **fields)
+
+
 def write_json(path: str, data) -> None:
     """Writes `data` as JSON to `path` atomically (a reader sees the old
     file or the new one, never half)."""
