@@ -12,6 +12,8 @@ trainable weights, optimizer variables, evaluate() and predict() results.
 --stock runs TensorFlow's MultiWorkerMirroredStrategy (one CPU per worker);
 --profile adds tf_glp's ConcurrencyProfiler (plan OUT_DIR/plan{task}.json)
 whose choice is forced to differ between workers (chief 1 lane, worker 1 two);
+--chunking runs chunking="auto"'s GPU path with scripted step times under
+which the workers would decide differently (the chief 2 chunks, worker 1 one);
 --engine slurm takes the cluster from SLURM's variables (tf_glp.slurm_cluster)
 instead of TF_CONFIG (which may also be TFJob's chief + worker form);
 --ray-checkpoint N saves through tf_glp.callbacks.RayCheckpoint(save_freq=N)
@@ -42,6 +44,7 @@ def main(argv=None):
     parser.add_argument("--worker1-width", type=int, default=None, help="another model on worker 1 (a bad job)")
     parser.add_argument("--worker1-batch", type=int, default=None, help="another batch size on worker 1 (a bad job)")
     parser.add_argument("--profile", action="store_true", help="with ConcurrencyProfiler, workers measuring otherwise")
+    parser.add_argument("--chunking", action="store_true", help="chunking='auto' measured, workers timing otherwise")
     parser.add_argument("--micro-batches", type=int, default=None)
     parser.add_argument("--engine", default=None, choices=["slurm"], help="the cluster from SLURM's variables")
     parser.add_argument("--ray-checkpoint", type=int, default=0, help="tf_glp.callbacks.RayCheckpoint(save_freq=N)")
@@ -118,6 +121,27 @@ def main(argv=None):
             "draining" if task == 1 and int(model.optimizer.iterations.numpy()) >= args.preempt_at else None)
     if args.kill_at:
         callbacks.append(KillAt())
+    if args.chunking:
+        from tf_glp.strategy import chunking_decision, cost_model
+
+        # The GPU path on CPU replicas: a slow host (the cost model then
+        # promises a gain from 2 chunks at a 100 ms step, none at 30 ms) and
+        # step times per chunk count in use: alone, the chief would keep 2
+        # chunks and worker 1 would stay at 1.
+        step_ms = {1: 100.0, 2: 50.0} if task == 0 else {1: 30.0, 2: 31.0}
+        strategy.uses_gpus = lambda: True
+        strategy._host_rates = lambda optimizer=None: cost_model.HostRates(float("inf"), 6.4e4, 2e5, 1e-4)
+
+        class Clock:  # chunking_decision's timer: a step is the time between two readings
+            now, readings = 0.0, 0
+
+            def perf_counter(self):
+                self.readings += 1
+                if self.readings % 2 == 0:
+                    self.now += step_ms[strategy.chunking_state.in_use()] / 1e3
+                return self.now
+
+        chunking_decision.time = Clock()
     if args.profile:
         from tf_glp.callbacks import ConcurrencyProfiler
         from tf_glp.profiling import choice
@@ -138,6 +162,7 @@ def main(argv=None):
              steps=model.optimizer.iterations.numpy(),
              evaluation=np.array([evaluation["loss"], evaluation["accuracy"]]),
              predictions=predictions,
+             chunks=strategy.chunking_state.in_use() if hasattr(strategy, "chunking_state") else 0,
              concurrency=np.array([getattr(layer, "concurrency", 0) or 0 for layer in model.layers
                                    if hasattr(layer, "kernel")]),
              reloaded=reloaded,
@@ -150,6 +175,8 @@ def main(argv=None):
              **({f"variable{i}": v.numpy() for i, v in enumerate(model.variables)} if args.micro_batches else {}),
              **({f"metric_{m.name}": np.array(tf.nest.flatten(m.result())) for m in model.metrics}
                 if args.micro_batches else {}))
+    if args.chunking:
+        print("chunking", task, strategy.chunking_state.explain_lines()[-1].strip(), flush=True)
     if args.profile:
         print("plan reasons", task, [layer.reason for layer in callbacks[-1].plan.layers], flush=True)
     print("done", type(strategy).__name__, type(model.trainable_weights[0].value).__name__, evaluation, flush=True)

@@ -17,6 +17,9 @@ chunking ever gave back. So the choice is made once, in the first fit:
    function, kept aside, comes back (no second retrace).
 4. If fit() ends first, what was measured decides; later fits never search.
 
+Across workers every worker measures and then takes the chief's decision
+(each chunk's sums cross the workers, so all must chunk alike).
+
 A decision made by 2. or 3. goes to the plan store's "chunkings" section
 (tf_glp/tuning/store.py): the next run of the same model, batch, devices,
 compression and concept reuses it without measuring (on one machine: each
@@ -158,27 +161,41 @@ class ChunkingDecision(keras.callbacks.Callback):
         chunking.trials[0] = Trial(1, cost_model.predict(workload, rates, 1, compute), measured)
         best = cost_model.best_chunk_count(workload, rates, len(self.model.trainable_variables), compute)
         predicted = cost_model.predict(workload, rates, best, compute)
-        if best == 1 or predicted.step > measured * (1 - self.min_gain):
+        worth = best > 1 and predicted.step <= measured * (1 - self.min_gain)
+        chunks = self._chiefs(best if worth else 1)
+        if chunks == 1:
             self._finish(1, f"the calibrated model predicts {best} chunk(s) at {predicted.step * 1e3:.2f} ms against "
-                            f"{measured * 1e3:.2f} ms measured for 1: under a {self.min_gain:.0%} gain, "
-                            f"not worth a retrace")
+                            f"{measured * 1e3:.2f} ms measured for 1: "
+                            + (f"under a {self.min_gain:.0%} gain, not worth a retrace" if not worth
+                               else "the chief's choice is 1 chunk"))
             return
-        chunking.record(Trial(best, predicted))
+        chunking.record(Trial(chunks, cost_model.predict(workload, rates, chunks, compute)))
         self._one_chunk_time = measured
         self._one_chunk_function = self.model.train_function
-        chunking.use(best)
+        chunking.use(chunks)
         self.model.make_train_function(force=True)
         self._begin_phase("candidate")
 
     def _after_candidate(self, measured: float) -> None:
         trial = self._chunking.trials[-1]
         trial.measured = measured
-        if measured < self._one_chunk_time:
-            self._finish(trial.chunks, f"measured {measured * 1e3:.2f} ms against {self._one_chunk_time * 1e3:.2f} ms "
-                                       f"for 1 chunk")
+        faster = measured < self._one_chunk_time
+        reason = (f"measured {measured * 1e3:.2f} ms against {self._one_chunk_time * 1e3:.2f} ms for 1 chunk" if faster
+                  else f"{trial.chunks} chunks measured {measured * 1e3:.2f} ms, not faster than "
+                       f"{self._one_chunk_time * 1e3:.2f} ms for 1")
+        if bool(self._chiefs(int(faster))) != faster:
+            reason, faster = f"the chief's choice (this worker: {reason})", not faster
+        if faster:
+            self._finish(trial.chunks, reason)
         else:
-            self._back_to_one_chunk(f"{trial.chunks} chunks measured {measured * 1e3:.2f} ms, not faster than "
-                                    f"{self._one_chunk_time * 1e3:.2f} ms for 1")
+            self._back_to_one_chunk(reason)
+
+    def _chiefs(self, value: int) -> int:
+        """Across workers, the chief's `value`: every worker's chunks, and
+        so each chunk's sum across workers, must be alike. Every worker
+        comes here at the same step (the phases count steps)."""
+        agree = getattr(self.strategy.extended, "agree_with_the_chief", None)
+        return agree([value])[0] if agree else value
 
     def _back_to_one_chunk(self, reason: str, measured: bool = True) -> None:
         # The one-chunk train function was kept aside: no second retrace.
