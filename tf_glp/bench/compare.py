@@ -28,6 +28,7 @@ import sys
 import time
 
 from tf_glp.bench.run_concept import CONCEPTS, MULTI_WORKER_CONCEPTS
+from tf_glp.tuning import store
 
 DEFAULT_CONCEPTS = [c for c in CONCEPTS if c not in MULTI_WORKER_CONCEPTS]
 
@@ -135,15 +136,8 @@ def _run_retrying_a_crash(spec: dict, timeout: float) -> dict:
 
 
 def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+    info = {"cpu": store.cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform()}
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                              text=True, timeout=10).stdout

@@ -91,7 +91,7 @@ def machine() -> dict:
     import tf_glp  # noqa: PLC0415
 
     return {"tf_glp": tf_glp.__version__, "tensorflow": tf.__version__, "keras": keras.__version__,
-            "cpu": _cpu_model(), "isa": tf_glp.native_available().cpu_kernels}
+            "cpu": cpu_model(), "isa": tf_glp.native_available().cpu_kernels}
 
 
 def model_key(model, **fields) -> dict:
@@ -125,7 +125,8 @@ def write_json(path: str, data) -> None:
         raise
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (Linux), else what Python's platform module says."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
