@@ -13,7 +13,8 @@ trainable weights, optimizer variables, evaluate() and predict() results.
 --profile adds tf_glp's ConcurrencyProfiler (plan OUT_DIR/plan{task}.json)
 whose choice is forced to differ between workers (chief 1 lane, worker 1 two);
 --chunking runs chunking="auto"'s GPU path with scripted step times under
-which the workers would decide differently (the chief 2 chunks, worker 1 one);
+which the workers would decide differently (the chief 2 chunks, worker 1 one),
+each worker with a plan store of its own (OUT_DIR/cache{task});
 --engine slurm takes the cluster from SLURM's variables (tf_glp.slurm_cluster)
 instead of TF_CONFIG (which may also be TFJob's chief + worker form);
 --ray-checkpoint N saves through tf_glp.callbacks.RayCheckpoint(save_freq=N)
@@ -142,6 +143,7 @@ def main(argv=None):
                 return self.now
 
         chunking_decision.time = Clock()
+        os.environ["TF_GLP_CACHE_DIR"] = os.path.join(args.out, f"cache{task}")
     if args.profile:
         from tf_glp.callbacks import ConcurrencyProfiler
         from tf_glp.profiling import choice

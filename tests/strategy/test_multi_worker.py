@@ -129,20 +129,28 @@ def test_workers_run_the_chiefs_concurrency_plan(two_workers, update):
     assert "the chief's choice (this worker measured k=2: forced for worker 1)" in two_workers.output
 
 
-def test_workers_take_the_chiefs_chunking(tmp_path):
+def test_workers_take_the_chiefs_chunking_and_the_next_run_reuses_it(tmp_path):
     # chunking="auto" measures on every worker; here the step times are
     # scripted so that, alone, the chief would keep 2 chunks and worker 1
     # would stay at 1 (twice: after the one-chunk steps and after the
     # candidate's). Every chunk's sum crosses the workers, so all must chunk
     # alike: both take the chief's decisions, in step, and stay bitwise equal.
-    status, output = _launch(tmp_path, "--update", "host", "--chunking")
-    assert status == 0, output
-    chief, other = (_load(tmp_path / f"w{i}.npz") for i in (0, 1))
-    assert int(chief["chunks"]) == int(other["chunks"]) == 2, output
-    assert "chunking 1 chunks in use: 2 — the chief's choice (this worker: 2 chunks measured 31.00 ms" in output
-    for prefix in ("trainable", "optimizer"):
-        for key in _keys(chief, prefix):
-            np.testing.assert_array_equal(chief[key], other[key], err_msg=key)
+    # Only the chief keeps the decision; the next run's workers all take it
+    # from the chief's plan store, measuring nothing.
+    for run in ("measures", "reuses"):
+        status, output = _launch(tmp_path, "--update", "host", "--chunking")
+        assert status == 0, output
+        chief, other = (_load(tmp_path / f"w{i}.npz") for i in (0, 1))
+        assert int(chief["chunks"]) == int(other["chunks"]) == 2, output
+        for prefix in ("trainable", "optimizer"):
+            for key in _keys(chief, prefix):
+                np.testing.assert_array_equal(chief[key], other[key], err_msg=key)
+        if run == "measures":
+            assert "chunking 1 chunks in use: 2 — the chief's choice (this worker: 2 chunks measured 31.00 ms" in output
+            assert (tmp_path / "cache0" / "strategy_plans.json").exists()
+    assert f"chunking 0 chunks in use: 2 — measured 50.00 ms against 100.00 ms for 1 chunk (reused {tmp_path}" in output
+    assert "chunking 1 chunks in use: 2 — the chief's decision, reused from its plan store" in output
+    assert not (tmp_path / "cache1").exists()  # worker 1 wrote nothing
 
 
 def test_the_saved_model_predicts_what_the_trained_one_predicts(two_workers):

@@ -18,12 +18,12 @@ chunking ever gave back. So the choice is made once, in the first fit:
 4. If fit() ends first, what was measured decides; later fits never search.
 
 Across workers every worker measures and then takes the chief's decision
-(each chunk's sums cross the workers, so all must chunk alike).
+(each chunk's sums cross the workers, so all must chunk alike); the chief
+alone keeps it, and in the next run its stored decision is every worker's.
 
 A decision made by 2. or 3. goes to the plan store's "chunkings" section
 (tf_glp/tuning/store.py): the next run of the same model, batch, devices,
-compression and concept reuses it without measuring (on one machine: each
-worker of a cluster has a cache of its own).
+compression and concept reuses it without measuring.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import time
 
 import keras
 
-from tf_glp._keras import compat
 from tf_glp.strategy import cost_model
 from tf_glp.strategy.chunking import Trial
 from tf_glp.tuning import rounds, store
@@ -68,16 +67,31 @@ class ChunkingChoice:
             return []
         decision = ChunkingDecision(strategy)
         path = store.resolve(strategy.settings.plan_path)
-        # (Across workers not kept: each worker's cache could hold another decision.)
-        if path and not compat.in_multi_worker_mode(strategy) and rounds.keyed(model, arguments, batch):
-            key = store.fit_key(model, strategy, batch, compression=strategy.compression,
-                                update=strategy.update_concept.name)
-            stored = store.read_plan(path, key, store.CHUNKINGS, _valid_entry, WHO)
-            if stored is not None:
-                strategy.chunking_state.decide(stored["chunks"], f"{stored['reason']} (reused {path})")
-                return []
+        if not path or not rounds.keyed(model, arguments, batch):
+            return [decision]
+        key = store.fit_key(model, strategy, batch, compression=strategy.compression,
+                            update=strategy.update_concept.name)
+        # Across workers the chief's plan store decides for every worker (a
+        # worker's own could hold another count), and only the chief writes.
+        chief = strategy.extended.should_checkpoint
+        stored = store.read_plan(path, key, store.CHUNKINGS, _valid_entry, WHO) if chief else None
+        chunks = _chiefs(strategy, stored["chunks"] if stored else 0)
+        if chunks:
+            strategy.chunking_state.decide(chunks, f"{stored['reason']} (reused {path})" if stored
+                                           else "the chief's decision, reused from its plan store")
+            return []
+        if chief:
             decision._remember = (path, key)
         return [decision]
+
+
+def _chiefs(strategy, value: int) -> int:
+    """Across workers, the chief's `value`: every worker's chunks, and so
+    each chunk's sum across workers, must be alike. Every worker comes here
+    at the same point (the start of fit, or the step its phase ends on: the
+    phases count steps)."""
+    agree = getattr(strategy.extended, "agree_with_the_chief", None)
+    return agree([value])[0] if agree else value
 
 
 def _valid_entry(entry: dict) -> bool:
@@ -162,7 +176,7 @@ class ChunkingDecision(keras.callbacks.Callback):
         best = cost_model.best_chunk_count(workload, rates, len(self.model.trainable_variables), compute)
         predicted = cost_model.predict(workload, rates, best, compute)
         worth = best > 1 and predicted.step <= measured * (1 - self.min_gain)
-        chunks = self._chiefs(best if worth else 1)
+        chunks = _chiefs(self.strategy, best if worth else 1)
         if chunks == 1:
             self._finish(1, f"the calibrated model predicts {best} chunk(s) at {predicted.step * 1e3:.2f} ms against "
                             f"{measured * 1e3:.2f} ms measured for 1: "
@@ -183,19 +197,12 @@ class ChunkingDecision(keras.callbacks.Callback):
         reason = (f"measured {measured * 1e3:.2f} ms against {self._one_chunk_time * 1e3:.2f} ms for 1 chunk" if faster
                   else f"{trial.chunks} chunks measured {measured * 1e3:.2f} ms, not faster than "
                        f"{self._one_chunk_time * 1e3:.2f} ms for 1")
-        if bool(self._chiefs(int(faster))) != faster:
+        if bool(_chiefs(self.strategy, int(faster))) != faster:
             reason, faster = f"the chief's choice (this worker: {reason})", not faster
         if faster:
             self._finish(trial.chunks, reason)
         else:
             self._back_to_one_chunk(reason)
-
-    def _chiefs(self, value: int) -> int:
-        """Across workers, the chief's `value`: every worker's chunks, and
-        so each chunk's sum across workers, must be alike. Every worker
-        comes here at the same step (the phases count steps)."""
-        agree = getattr(self.strategy.extended, "agree_with_the_chief", None)
-        return agree([value])[0] if agree else value
 
     def _back_to_one_chunk(self, reason: str, measured: bool = True) -> None:
         # The one-chunk train function was kept aside: no second retrace.
