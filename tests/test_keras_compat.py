@@ -118,6 +118,11 @@ def test_dataset_batch_size():
     assert compat.dataset_batch_size(data.batch(4)) == 4  # partial last batch: from BatchDataset
 
 
+def test_tensorboard_profiles_as_profile_batch_asks(tmp_path):
+    assert not compat.tensorboard_profiles(keras.callbacks.TensorBoard(str(tmp_path)))  # Keras' default: 0
+    assert compat.tensorboard_profiles(keras.callbacks.TensorBoard(str(tmp_path), profile_batch=(2, 3)))
+
+
 def test_layer_internals_that_twins_share():
     for layer in (keras.layers.Dense(3), keras.layers.Conv2D(2, 3)):
         layer.build((None, 5) if isinstance(layer, keras.layers.Dense) else (None, 6, 6, 1))

@@ -1,12 +1,16 @@
-"""A pytest plugin that runs Keras' own distribution tests (the files that
-ship inside the installed keras package) with tf_glp.Strategy wherever they
-construct `tf.distribute.MirroredStrategy`. Nothing is copied: the tests are
-Keras' files as installed; only the constructor is replaced, at run time.
+"""A pytest plugin that runs Keras' own tests (the files that ship inside the
+installed keras package) with tf_glp.Strategy: wherever they construct
+`tf.distribute.MirroredStrategy`, or around every test case. Nothing is
+copied: the tests are Keras' files as installed; only the constructor, or
+the test case's setUp, is replaced at run time.
 
     TF_GLP_KERAS_TESTS_UPDATE=host python -m pytest -p keras_tests_plugin <keras test file>
 
-TF_GLP_KERAS_TESTS_UPDATE: "host" or "replicas" (tf_glp.Strategy's mode), or
-"stock" (nothing replaced: the baseline). Used by test_keras_own_tests.py.
+TF_GLP_KERAS_TESTS_UPDATE: "host" or "replicas" (tf_glp.Strategy's mode in
+place of MirroredStrategy); "one-device" (every Keras test case runs inside
+the scope of a one-device tf_glp.Strategy(), so the models it builds train
+under tf_glp's start-up choices); or "stock" (nothing replaced: the
+baseline). Used by test_keras_own_tests.py.
 """
 
 import os
@@ -19,11 +23,28 @@ def pytest_configure(config):
     update = os.environ.get("TF_GLP_KERAS_TESTS_UPDATE", "stock")
     if update == "stock":
         return
-    if update not in ("host", "replicas"):
-        raise ValueError(f"TF_GLP_KERAS_TESTS_UPDATE must be 'stock', 'host' or 'replicas', got {update!r}")
+    if update not in ("host", "replicas", "one-device"):
+        raise ValueError(f"TF_GLP_KERAS_TESTS_UPDATE must be 'stock', 'host', 'replicas' or 'one-device', "
+                         f"got {update!r}")
     import tensorflow as tf
 
     import tf_glp
+
+    if update == "one-device":
+        from keras.src.testing import test_case
+
+        set_up = test_case.TestCase.setUp
+
+        def in_a_strategy(self):
+            # After Keras' setUp, which clears the session (a scope entered
+            # before it could not be left).
+            set_up(self)
+            scope = tf_glp.Strategy(plan_path=None).scope()
+            scope.__enter__()
+            self.addCleanup(scope.__exit__, None, None, None)
+
+        test_case.TestCase.setUp = in_a_strategy
+        return
 
     strategy_class = tf_glp.Strategy  # imported (its classes defined) before the constructor is replaced
 

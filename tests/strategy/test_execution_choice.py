@@ -165,6 +165,29 @@ def test_a_callback_with_batch_hooks_keeps_one_step_per_call_and_is_named():
            "faster)" in explain, explain
 
 
+def _epoch_scalars(folder, tag: str) -> list[float]:
+    """The values TensorBoard wrote under `tag` in `folder`'s event files."""
+    return [float(tf.make_ndarray(value.tensor)) for path in sorted(folder.glob("events.out.tfevents.*"))
+            for event in tf.compat.v1.train.summary_iterator(str(path)) for value in event.summary.value
+            if value.tag == tag]
+
+
+def test_tensorboard_writing_per_epoch_lets_the_counts_be_measured(tmp_path):
+    # Keras' TensorBoard as written by default (per epoch, no profiling) has
+    # batch hooks that do the same at any count: the count is measured, and
+    # its summaries are the fit's logs.
+    strategy = _strategy(FAST_4)
+    with strategy.scope():
+        model = _model()
+    record = Record()
+    history = _fit(model, [record, keras.callbacks.TensorBoard(str(tmp_path))])
+    assert record.ways == [(4, False)]
+    assert "steps_per_execution=4, no XLA: 3.00x as fast as 1" in strategy.explain()
+    assert _epoch_scalars(tmp_path / "train", "epoch_loss") == pytest.approx(history.history["loss"], rel=1e-6)
+    assert _epoch_scalars(tmp_path / "validation", "epoch_loss") == pytest.approx(history.history["val_loss"],
+                                                                               rel=1e-6)
+
+
 def test_an_explicit_setting_is_kept():
     calls = []
     strategy = _strategy({"2": 2.0, "XLA 2": 5.0}, calls)
@@ -242,8 +265,11 @@ def test_callbacks_that_mind_the_steps_per_call():
         keras.callbacks.ModelCheckpoint("x.weights.h5", save_weights_only=True),
         keras.callbacks.ModelCheckpoint("x.weights.h5", save_weights_only=True, save_freq=5),
         keras.callbacks.TerminateOnNaN(), tf_glp.callbacks.BackupAndRestore("/tmp/b"), CountBatches(),
-        keras.callbacks.LambdaCallback(on_epoch_end=print), keras.callbacks.LambdaCallback(on_train_batch_end=print)])
-    assert kept == ["ModelCheckpoint", "TerminateOnNaN", "CountBatches", "LambdaCallback"]
+        keras.callbacks.LambdaCallback(on_epoch_end=print), keras.callbacks.LambdaCallback(on_train_batch_end=print),
+        keras.callbacks.TensorBoard("/tmp/t"), keras.callbacks.TensorBoard("/tmp/t", update_freq=5),
+        keras.callbacks.TensorBoard("/tmp/t", profile_batch=2)])
+    assert kept == ["ModelCheckpoint", "TerminateOnNaN", "CountBatches", "LambdaCallback", "TensorBoard",
+                    "TensorBoard"]
 
 
 def test_the_first_round_weighs_the_rest():

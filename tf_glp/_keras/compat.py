@@ -326,6 +326,12 @@ def last_batch_seen(callback) -> int:
     return callback._last_batch_seen  # noqa: SLF001
 
 
+def tensorboard_profiles(callback) -> bool:
+    """Whether a keras.callbacks.TensorBoard profiles batches (its
+    profile_batch, kept only in private fields)."""
+    return callback._should_trace  # noqa: SLF001
+
+
 # -- data and strategies --------------------------------------------------------
 def symbolic_build(model, data_batch) -> None:
     """Builds the model, its compiled metrics and loss and its optimizer as

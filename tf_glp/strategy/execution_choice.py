@@ -61,7 +61,9 @@ LONG_STEP_S = 0.04
 WHO = "tf_glp.Strategy (steps per execution)"
 # Callbacks whose batch hooks do the same with N steps per call: Progbar
 # draws every call, History keeps epochs; checkpoints saved per epoch
-# (their batch hooks count batches only for an int save_freq).
+# (their batch hooks count batches only for an int save_freq); TensorBoard
+# writing per epoch without profiling (its batch hooks count batches for
+# batch summaries, which then have no writer, and for the profiler).
 INDIFFERENT = (keras.callbacks.ProgbarLogger, keras.callbacks.History)
 PER_EPOCH = (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore)
 BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end",
@@ -109,7 +111,9 @@ def batch_hook_callbacks(callbacks) -> list[str]:
     names = []
     for callback in callbacks:
         if (isinstance(callback, INDIFFERENT) or type(callback).__module__.startswith("tf_glp.strategy.")
-                or (isinstance(callback, PER_EPOCH) and callback.save_freq == "epoch")):
+                or (isinstance(callback, PER_EPOCH) and callback.save_freq == "epoch")
+                or (isinstance(callback, keras.callbacks.TensorBoard) and callback.update_freq == "epoch"
+                    and not compat.tensorboard_profiles(callback))):
             continue
         hooks = [getattr(callback, hook, None) for hook in BATCH_HOOKS]
         if any(getattr(hook, "__func__", hook) is not getattr(keras.callbacks.Callback, name)
