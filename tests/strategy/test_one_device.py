@@ -207,6 +207,25 @@ def test_custom_loop_like_plain_keras():
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_loss_scaled_apply_outside_a_step_runs_as_plain_keras_runs_it():
+    # A custom loop that applies a LossScaleOptimizer's gradients directly
+    # (no strategy.run): Keras' own apply refuses any strategy's
+    # cross-replica context; without a strategy it runs. So does it here.
+    def apply(strategy, gradients):
+        with strategy.scope():
+            variable = keras.Variable(np.ones((3,), np.float32))
+            optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.5), initial_scale=4.0,
+                                                            dynamic_growth_steps=2)
+            for gradient in gradients:
+                optimizer.apply([tf.constant(gradient, tf.float32)], [variable])
+        return variable.numpy(), float(optimizer.dynamic_scale.numpy()), int(optimizer.iterations.numpy())
+
+    gradients = [[4.0, 8.0, 12.0], [np.inf, 0.0, 0.0], [4.0, 4.0, 4.0]]
+    ours, plain = apply(tf_glp.Strategy(), gradients), apply(tf.distribute.get_strategy(), gradients)
+    np.testing.assert_array_equal(ours[0], plain[0])
+    assert ours[1:] == plain[1:] == (2.0, 2)  # (the step with inf skipped, the scale halved)
+
+
 @pytest.mark.parametrize("dataset", [False, True], ids=["arrays", "tf.data"])
 def test_one_cpu_replica_reads_its_input_as_plain_keras_and_trains_like_mirrored_strategy(dataset, fused_calls):
     # Named devices (or cpu_replicas=1) make a replica strategy. With one CPU

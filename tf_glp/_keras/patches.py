@@ -251,6 +251,10 @@ def _install_loss_scale_hook() -> None:
     def tf_apply(original):
         def _tf_apply(self, grads, trainable_variables=None):
             strategy = _glp_strategy(self)
+            if _one_device(strategy) and tf.distribute.in_cross_replica_context():
+                # A custom loop's apply: its step as plain Keras (no strategy) runs it, where Keras' own
+                # refuses any strategy's cross-replica context.
+                return compat.apply_loss_scaled(self, grads, trainable_variables)
             if not _in_replicas_step(strategy) or _one_device(strategy):
                 return original(self, grads, trainable_variables)
             return strategy._apply_once(

@@ -26,8 +26,8 @@ def first_batch(arguments: dict, batch: int | None):
             return (element if isinstance(element, tuple) else (element,)), ""
         return None, "the dataset is empty"
     if batch and x is not None and all(hasattr(leaf, "shape") for leaf in tf.nest.flatten(x)):
-        def head(value):
-            return tf.nest.map_structure(lambda leaf: leaf[:batch], value)
+        def head(value):  # (lists become tuples, as Keras' adapter makes them: tf.data would stack a list)
+            return keras.tree.lists_to_tuples(tf.nest.map_structure(lambda leaf: leaf[:batch], value))
 
         y, weights = arguments.get("y"), arguments.get("sample_weight")
         if weights is not None:
