@@ -11,6 +11,12 @@ place of MirroredStrategy); "one-device" (every Keras test case runs inside
 the scope of a one-device tf_glp.Strategy(), so the models it builds train
 under tf_glp's start-up choices); or "stock" (nothing replaced: the
 baseline). Used by test_keras_own_tests.py.
+
+TF_GLP_KERAS_TESTS_SCOPE=two-replicas (by hand, too slow for the suite):
+every test case runs inside the scope of a strategy over two logical CPU
+replicas, tf_glp.Strategy(update=TF_GLP_KERAS_TESTS_UPDATE) or, for
+"stock", MirroredStrategy; docs/strategy.md ("Keras' own tests") has the
+command and what it found.
 """
 
 import os
@@ -19,31 +25,45 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def _every_test_case_in(make_strategy) -> None:
+    """Runs every Keras test case inside the scope of `make_strategy()`."""
+    from keras.src.testing import test_case
+
+    set_up = test_case.TestCase.setUp
+
+    def in_a_strategy(self):
+        # After Keras' setUp, which clears the session (a scope entered
+        # before it could not be left).
+        set_up(self)
+        scope = make_strategy().scope()
+        scope.__enter__()
+        self.addCleanup(scope.__exit__, None, None, None)
+
+    test_case.TestCase.setUp = in_a_strategy
+
+
 def pytest_configure(config):
     update = os.environ.get("TF_GLP_KERAS_TESTS_UPDATE", "stock")
-    if update == "stock":
-        return
-    if update not in ("host", "replicas", "one-device"):
+    if update not in ("stock", "host", "replicas", "one-device"):
         raise ValueError(f"TF_GLP_KERAS_TESTS_UPDATE must be 'stock', 'host', 'replicas' or 'one-device', "
                          f"got {update!r}")
     import tensorflow as tf
 
+    if os.environ.get("TF_GLP_KERAS_TESTS_SCOPE") == "two-replicas":
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        import tf_glp
+
+        devices = ["/cpu:0", "/cpu:1"]
+        _every_test_case_in(lambda: tf.distribute.MirroredStrategy(devices) if update == "stock"
+                            else tf_glp.Strategy(devices, update=update, plan_path=None))
+        return
+    if update == "stock":
+        return
     import tf_glp
 
     if update == "one-device":
-        from keras.src.testing import test_case
-
-        set_up = test_case.TestCase.setUp
-
-        def in_a_strategy(self):
-            # After Keras' setUp, which clears the session (a scope entered
-            # before it could not be left).
-            set_up(self)
-            scope = tf_glp.Strategy(plan_path=None).scope()
-            scope.__enter__()
-            self.addCleanup(scope.__exit__, None, None, None)
-
-        test_case.TestCase.setUp = in_a_strategy
+        _every_test_case_in(lambda: tf_glp.Strategy(plan_path=None))
         return
 
     strategy_class = tf_glp.Strategy  # imported (its classes defined) before the constructor is replaced
