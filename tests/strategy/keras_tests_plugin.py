@@ -49,19 +49,19 @@ def pytest_configure(config):
                          f"got {update!r}")
     import tensorflow as tf
 
-    if os.environ.get("TF_GLP_KERAS_TESTS_SCOPE") == "two-replicas":
+    two_replicas, devices = os.environ.get("TF_GLP_KERAS_TESTS_SCOPE") == "two-replicas", ["/cpu:0", "/cpu:1"]
+    if two_replicas:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        import tf_glp
-
-        devices = ["/cpu:0", "/cpu:1"]
-        _every_test_case_in(lambda: tf.distribute.MirroredStrategy(devices) if update == "stock"
-                            else tf_glp.Strategy(devices, update=update, plan_path=None))
-        return
     if update == "stock":
+        if two_replicas:
+            _every_test_case_in(lambda: tf.distribute.MirroredStrategy(devices))
         return
     import tf_glp
 
+    if two_replicas:
+        _every_test_case_in(lambda: tf_glp.Strategy(devices, update=update, plan_path=None))
+        return
     if update == "one-device":
         _every_test_case_in(lambda: tf_glp.Strategy(plan_path=None))
         return

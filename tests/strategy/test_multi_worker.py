@@ -146,9 +146,11 @@ def test_workers_take_the_chiefs_chunking_and_the_next_run_reuses_it(tmp_path):
             for key in _keys(chief, prefix):
                 np.testing.assert_array_equal(chief[key], other[key], err_msg=key)
         if run == "measures":
-            assert "chunking 1 chunks in use: 2 — the chief's choice (this worker: 2 chunks measured 31.00 ms" in output
+            assert ("chunking 1 chunks in use: 2 — the chief's choice (this worker: 2 chunks measured 31.00 ms"
+                    in output)
             assert (tmp_path / "cache0" / "strategy_plans.json").exists()
-    assert f"chunking 0 chunks in use: 2 — measured 50.00 ms against 100.00 ms for 1 chunk (reused {tmp_path}" in output
+    assert (f"chunking 0 chunks in use: 2 — measured 50.00 ms against 100.00 ms for 1 chunk (reused {tmp_path}"
+            in output)
     assert "chunking 1 chunks in use: 2 — the chief's decision, reused from its plan store" in output
     assert not (tmp_path / "cache1").exists()  # worker 1 wrote nothing
 
