@@ -3,6 +3,7 @@
     python benchmarks/whole_fit.py                        # every model, 3 repetitions
     python benchmarks/whole_fit.py --models tiny --repeats 5
     python benchmarks/whole_fit.py --write-results
+    python benchmarks/whole_fit.py --models tiny --tensorboard   # each fit with keras.callbacks.TensorBoard()
 
 Each fit runs in a fresh process, as a user's script does (import, build,
 compile, fit: tracing and tf_glp's start-up measurements included; the clock
@@ -12,7 +13,8 @@ bit for bit), `tf_glp.Strategy()` on a cold plan (a plan file that does not
 exist yet: the first run) and on a warm one (the same script run again: the
 plan the cold run wrote). The ways are interleaved, REPEATS times; reported:
 the median of each and its spread (max - min), and tf_glp's medians against
-the faster plain way.
+the faster plain way. With --tensorboard every fit has the callback a
+tutorial adds, keras.callbacks.TensorBoard(log_dir) as Keras defaults it.
 
 Models (Adam everywhere): the tiny
 MLP 64 -> 32 -> 10 (60,000 samples, batch 64, 5 epochs), the quickstart's CNN
@@ -62,7 +64,7 @@ def _model(keras, name: str):
                              layers.Dense(4096, activation="relu"), layers.Dense(10)])
 
 
-def run_fit(name: str, way: str, plan_path: str) -> dict:
+def run_fit(name: str, way: str, plan_path: str, log_dir: str) -> dict:
     """One whole fit (this process is the user's script)."""
     start = time.perf_counter()
     child_setup()
@@ -82,7 +84,8 @@ def run_fit(name: str, way: str, plan_path: str) -> dict:
         knob = {"steps_per_execution": 16} if way == "plain spe=16" else {}  # (else as the user compiles)
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), **knob)
-    history = model.fit(x, y, batch_size=batch, epochs=epochs, verbose=0)
+    callbacks = [keras.callbacks.TensorBoard(log_dir)] if log_dir != "-" else []
+    history = model.fit(x, y, batch_size=batch, epochs=epochs, verbose=0, callbacks=callbacks)
     result = {"seconds": time.perf_counter() - start, "loss": float(history.history["loss"][-1])}
     if strategy is not None:
         result["explain"] = strategy.explain()
@@ -107,12 +110,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument("--tensorboard", action="store_true", help="each fit with keras.callbacks.TensorBoard")
     parser.add_argument("--write-results", action="store_true")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        name, way, plan_path = args.child
-        print_result(run_fit(name, way, plan_path))
+        print_result(run_fit(*args.child))
         return
     start = time.time()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -125,7 +128,8 @@ def main() -> None:
                 plan = os.path.join(scratch, f"{name}-{index}.json")  # cold: not there yet
                 order = WAYS if index % 2 == 0 else ["tf_glp cold", "tf_glp warm", "plain spe=16", "plain"]
                 for way in order:
-                    result = run_child(__file__, name, way, plan)
+                    log_dir = os.path.join(scratch, f"logs-{name}-{index}-{way}") if args.tensorboard else "-"
+                    result = run_child(__file__, name, way, plan, log_dir)
                     results[name][way].append(result["seconds"])
                     explains[(name, way)] = result.get("explain", "")
                 print(f"  {name} {index}: " + ", ".join(f"{w} {results[name][w][-1]:.1f} s" for w in WAYS),
@@ -137,10 +141,11 @@ def main() -> None:
             print(f"\n{name}, {way}:\n{text}")
     print(f"benchmark took {time.time() - start:.0f} s")
     if args.write_results:
-        write_section("A whole fit as the user runs it, cold and warm", "\n".join([
+        title = "A whole fit as the user runs it, cold and warm" + (", with TensorBoard" if args.tensorboard else "")
+        write_section(title, "\n".join([
             f"Date {datetime.date.today().isoformat()}, commit {commit}; machine: {platform.machine()}, "
             f"{os.cpu_count()} cores, no GPU. Command: `python benchmarks/whole_fit.py --models "
-            f"{' '.join(args.models)} --repeats {args.repeats}`. Seconds: median of {args.repeats} interleaved "
+            f"{' '.join(args.models)} --repeats {args.repeats}{' --tensorboard' * args.tensorboard}`. Seconds: median of {args.repeats} interleaved "
             "repetitions (spread, max - min), each fit a fresh process from `import keras` to the end of fit.",
             "", *table]))
 
