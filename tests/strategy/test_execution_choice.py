@@ -284,7 +284,24 @@ def test_a_fit_that_ends_before_the_counts_are_measured_keeps_one_and_the_next_f
     assert record.ways == [(4, False)]  # measured by the next fit
 
 
+class LoggingTensorBoard(keras.callbacks.TensorBoard):
+    """A subclass that brings a batch hook of its own."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+
+
+class QuietCheckpoint(keras.callbacks.ModelCheckpoint):
+    """A subclass whose own hooks are epoch-level only."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+
+
 def test_callbacks_that_mind_the_steps_per_call():
+    kept = execution_choice.batch_hook_callbacks([
+        LoggingTensorBoard("/tmp/t"), QuietCheckpoint("x.weights.h5", save_weights_only=True)])
+    assert kept == ["LoggingTensorBoard"]
     kept = execution_choice.batch_hook_callbacks([
         keras.callbacks.History(), keras.callbacks.ProgbarLogger(), keras.callbacks.EarlyStopping(),
         keras.callbacks.ModelCheckpoint("x.weights.h5", save_weights_only=True),

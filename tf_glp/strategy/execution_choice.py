@@ -107,19 +107,28 @@ class ModelExecution:
 def batch_hook_callbacks(callbacks) -> list[str]:
     """The names of the callbacks whose batch-level hooks Keras would call
     less often with several steps per call (a hook set on the instance,
-    as keras.callbacks.LambdaCallback sets them, counts too)."""
+    as keras.callbacks.LambdaCallback sets them, counts too; so does one a
+    subclass of a callback that does the same at any count brings)."""
     names = []
     for callback in callbacks:
-        if (isinstance(callback, INDIFFERENT) or type(callback).__module__.startswith("tf_glp.strategy.")
-                or (isinstance(callback, PER_EPOCH) and callback.save_freq == "epoch")
-                or (isinstance(callback, keras.callbacks.TensorBoard) and callback.update_freq == "epoch"
-                    and not compat.tensorboard_profiles(callback))):
+        if type(callback).__module__.startswith("tf_glp.strategy."):
             continue
-        hooks = [getattr(callback, hook, None) for hook in BATCH_HOOKS]
-        if any(getattr(hook, "__func__", hook) is not getattr(keras.callbacks.Callback, name)
-               for name, hook in zip(BATCH_HOOKS, hooks)):
+        hooks = [getattr(hook, "__func__", hook) for hook in (getattr(callback, name, None) for name in BATCH_HOOKS)]
+        if _same_at_any_count(callback):
+            minds = any(not getattr(hook, "__module__", "").startswith(("keras.", "tf_glp.")) for hook in hooks)
+        else:
+            minds = any(hook is not getattr(keras.callbacks.Callback, name) for name, hook in zip(BATCH_HOOKS, hooks))
+        if minds:
             names.append(type(callback).__name__)
     return names
+
+
+def _same_at_any_count(callback) -> bool:
+    """Whether Keras' (or tf_glp's) batch hooks of `callback` do the same
+    at any number of steps per call (INDIFFERENT above)."""
+    return (isinstance(callback, INDIFFERENT) or (isinstance(callback, PER_EPOCH) and callback.save_freq == "epoch")
+            or (isinstance(callback, keras.callbacks.TensorBoard) and callback.update_freq == "epoch"
+                and not compat.tensorboard_profiles(callback)))
 
 
 class ExecutionChoice:
