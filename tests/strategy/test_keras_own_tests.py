@@ -1,8 +1,9 @@
 """Keras' own tests, as shipped in the installed keras package, with
 tf_glp.Strategy (keras_tests_plugin.py): the distribution tests with it in
-place of MirroredStrategy, in both modes; the callback tests with every test
-case inside a one-device tf_glp.Strategy() (its start-up choices: the counts
-measured on the tests' own steps, the fused update). Every test that passes
+place of MirroredStrategy, in both modes; the callback, optimizer and model
+tests with every test case inside a one-device tf_glp.Strategy() (its
+start-up choices: the counts measured on the tests' own steps, the fused
+update). Every test that passes
 stock passes with tf_glp.Strategy, but for the exceptions listed with their
 reasons. Each run is a fresh process (Keras' tests reset TensorFlow's
 context and configure their own logical devices); tf_glp's two distribution
