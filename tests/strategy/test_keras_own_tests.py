@@ -59,9 +59,6 @@ ONE_DEVICE_CANNOT_PASS: dict[str, str] = {
     "swap_ema_weights_test.py::SwapEMAWeightsTest::test_swap_ema_weights_with_tf_distribute":
         "it makes a MirroredStrategy of its own inside tf_glp's scope, which TensorFlow refuses to mix; it runs "
         "with tf_glp.Strategy in MirroredStrategy's place among the distribution tests (EXTRA)",
-    "model_test.py::ModelTest::test_functional_optional_inputs_generator_optional_none":
-        "Keras' own _maybe_symbolic_build, which fit runs under any strategy (plain Keras skips it), reads the "
-        "shape of the Optional that a generator's None input becomes; stock MirroredStrategy fails the same",
     "saving_lib_test.py::SavingBattleTest::test_legacy_load_skips_missing_nested_containers":
         "its fixture file (test_data/pre_pr22362_nested_container.keras) is not in the installed package: it "
         "fails without tf_glp too",
