@@ -226,6 +226,43 @@ def test_a_loss_scaled_apply_outside_a_step_runs_as_plain_keras_runs_it():
     assert ours[1:] == plain[1:] == (2.0, 2)  # (the step with inf skipped, the scale halved)
 
 
+def test_a_backup_restores_the_optimizer_unbuilt_at_the_start_of_fit(tmp_path):
+    # On one device the optimizer is built in the step's trace, as without a
+    # strategy (Keras' symbolic build skipped), so the backup is restored
+    # before it exists: a run resumed after a crash ends bitwise where the
+    # uninterrupted one ends, Adam's moments included.
+    x, y = _data()
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+
+    def model():
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            built = keras.Sequential([keras.Input((6, 6, 3)), L.Flatten(), L.Dense(4)])
+            built.compile(optimizer=keras.optimizers.Adam(1e-2),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return built
+
+    class CrashAfterStep(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations.numpy()) == 5:
+                raise RuntimeError("crashed")
+
+    strategy = tf_glp.Strategy(plan_path=None)
+    reference = model()
+    reference.fit(data, epochs=2, verbose=0)
+    backup = str(tmp_path / "backup")
+    with pytest.raises(RuntimeError, match="crashed"):
+        model().fit(data, epochs=2, verbose=0,
+                    callbacks=[keras.callbacks.BackupAndRestore(backup, save_freq=2), CrashAfterStep()])
+    resumed = model()
+    assert not resumed.optimizer.built
+    resumed.fit(data, epochs=2, verbose=0, callbacks=[keras.callbacks.BackupAndRestore(backup, save_freq=2)])
+    assert int(resumed.optimizer.iterations.numpy()) == int(reference.optimizer.iterations.numpy())
+    for mine, theirs in zip(resumed.weights + resumed.optimizer.variables,
+                            reference.weights + reference.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+
+
 @pytest.mark.parametrize("dataset", [False, True], ids=["arrays", "tf.data"])
 def test_one_cpu_replica_reads_its_input_as_plain_keras_and_trains_like_mirrored_strategy(dataset, fused_calls):
     # Named devices (or cpu_replicas=1) make a replica strategy. With one CPU
