@@ -408,6 +408,25 @@ def test_works_under_every_strategy(strategy, tmp_path):
     assert [layer.name for layer in plan_lib.read(path).layers] == ["conv", "hidden", "logits"]
 
 
+def test_a_model_without_an_input_is_profiled_under_a_one_device_strategy(tmp_path):
+    # Its layers are built at the start of fit, before the callbacks begin
+    # (Keras' symbolic build, which a one-device tf_glp.Strategy skips only
+    # once the layers are built), also where no start-up choice reads a
+    # batch (the count and XLA given in compile). (Without a strategy Keras
+    # builds them in the step's trace, after on_train_begin: nothing is
+    # profiled there.)
+    x, y = _data()
+    with tf_glp.Strategy(plan_path=None).scope():
+        model = keras.Sequential([L.Conv2D(4, 3, activation="relu", name="conv"), L.Flatten(),
+                                  L.Dense(10, name="logits")])
+        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      steps_per_execution=1, jit_compile=False)
+    path = str(tmp_path / "plan.json")
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0,
+              callbacks=[ConcurrencyProfiler(trials=1, plan_path=path, verbose=0, batch_size=32)])
+    assert [layer.name for layer in plan_lib.read(path).layers] == ["conv", "logits"]
+
+
 def _plain_keras_trains(kind) -> bool:
     """Whether TensorFlow itself trains this variant on this machine: its CPU
     kernels run channels_first convolutions only through oneDNN's AVX-512

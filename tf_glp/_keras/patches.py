@@ -302,14 +302,18 @@ def _install_model_hooks() -> None:
         # Keras runs this at the start of every fit and evaluate under a
         # strategy: it makes a new (distributed) iterator and reads a batch
         # from it, only to find nothing left to build once the first fit
-        # built everything. Plain Keras (no strategy) skips it, building in
-        # the step's trace; so does tf_glp on one device, and on replicas
+        # built everything. Plain Keras (no strategy) skips it, building
+        # the optimizer and the compiled metrics in the step's trace; so
+        # does tf_glp on one device once the layers are built (a layer
+        # built first in the trace would be built after fit's callbacks
+        # began: the concurrency profiler needs it before), and on replicas
         # once nothing is left (10-15 ms per call on one device, more on
         # replicas). (Under a strategy it also fails where a generator
         # yields None for an optional input: Keras' tests show it.)
         def _maybe_symbolic_build(self, iterator=None, data_batch=None):
             strategy = _glp_strategy(self)
-            if strategy is not None and (_one_device(strategy) or compat.nothing_to_build(self)):
+            if strategy is not None and (compat.nothing_to_build(self) or (
+                    _one_device(strategy) and all(layer.built for layer in compat.all_layers(self)))):
                 return None
             return original(self, iterator=iterator, data_batch=data_batch)
         return _maybe_symbolic_build
