@@ -10,9 +10,11 @@ parent's `run_child` starts it and returns that result.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,11 +25,16 @@ STDERR_TAIL_LINES = 30
 
 
 def child_setup(logical_cpus: int | None = None) -> None:
-    """TensorFlow's C++ logs down to errors and, with `logical_cpus`, the
-    host CPU split into that many logical devices ("/cpu:0", "/cpu:1", ...).
+    """TensorFlow's C++ logs down to errors, tf_glp's plan cache empty and,
+    with `logical_cpus`, the host CPU split into that many logical devices ("/cpu:0", "/cpu:1", ...).
     Call it first: TensorFlow reads the log level when it loads and fixes its
     devices when it first uses one."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # A cache of tf_glp's start-up choices of its own, empty: a measurement
+    # never reuses (or writes) what the user's runs or another commit chose.
+    cache = tempfile.mkdtemp(prefix="tf_glp_benchmark_cache_")
+    atexit.register(shutil.rmtree, cache, ignore_errors=True)
+    os.environ["TF_GLP_CACHE_DIR"] = cache
     if logical_cpus is not None:
         # Imported here, not at the top: the log level must be set before TensorFlow loads.
         import tensorflow as tf  # noqa: PLC0415
