@@ -23,6 +23,24 @@ def test_choose():
     assert optimizer_step.choose([10.0, 14.0, 6.0, 10.0], [8.0, 12.0, 5.0, 9.0])[0] == "native"
 
 
+@pytest.mark.parametrize("step_ms, rounds", [(10.0, 5), (1.0, 13), (0.1, optimizer_step.MAX_TRIALS)])
+def test_short_updates_are_timed_in_more_rounds(step_ms, rounds, monkeypatch):
+    """At least `trials` rounds; more while both updates' time stays under
+    ROUNDS_BUDGET_S (25 ms: 13 rounds of 1 ms each), at most MAX_TRIALS."""
+    class Clock:  # each update takes step_ms
+        now = 0.0
+
+        def perf_counter(self):
+            Clock.now += step_ms / 1e3
+            return Clock.now
+
+    monkeypatch.setattr(optimizer_step, "time", Clock())
+    variables = [keras.Variable(np.zeros((4, 3), np.float32)), keras.Variable(np.zeros((3,), np.float32))]
+    native, fused = optimizer_step.time_updates(keras.optimizers.Adam(), variables, trials=5)
+    assert len(native) == len(fused) == rounds
+    assert native == pytest.approx([step_ms / 1e3] * rounds)
+
+
 def _train(optimizer, callbacks, epochs=2, dtype=None):
     rng = np.random.default_rng(0)
     x, y = rng.random((96, 12), dtype=np.float32), rng.integers(0, 3, 96)
