@@ -408,13 +408,13 @@ def test_works_under_every_strategy(strategy, tmp_path):
     assert [layer.name for layer in plan_lib.read(path).layers] == ["conv", "hidden", "logits"]
 
 
-def test_a_model_without_an_input_is_profiled_under_a_one_device_strategy(tmp_path):
+def test_a_model_without_an_input_profiled_under_tf_glp_warned_without_a_strategy(tmp_path):
     # Its layers are built at the start of fit, before the callbacks begin
     # (Keras' symbolic build, which a one-device tf_glp.Strategy skips only
     # once the layers are built), also where no start-up choice reads a
-    # batch (the count and XLA given in compile). (Without a strategy Keras
+    # batch (the count and XLA given in compile). Without a strategy Keras
     # builds them in the step's trace, after on_train_begin: nothing is
-    # profiled there.)
+    # profiled there, and a warning says so.
     x, y = _data()
     with tf_glp.Strategy(plan_path=None).scope():
         model = keras.Sequential([L.Conv2D(4, 3, activation="relu", name="conv"), L.Flatten(),
@@ -425,6 +425,12 @@ def test_a_model_without_an_input_is_profiled_under_a_one_device_strategy(tmp_pa
     model.fit(x, y, batch_size=32, epochs=1, verbose=0,
               callbacks=[ConcurrencyProfiler(trials=1, plan_path=path, verbose=0, batch_size=32)])
     assert [layer.name for layer in plan_lib.read(path).layers] == ["conv", "logits"]
+    # Without a strategy: a warning that says so and what to do.
+    model = keras.Sequential([L.Conv2D(4, 3, activation="relu", name="conv"), L.Flatten(), L.Dense(10)])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.warns(UserWarning, match=r"not built when training begins.*keras.Input.*tf_glp.Strategy\(\)"):
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0,
+                  callbacks=[ConcurrencyProfiler(trials=1, plan_path=None, verbose=0, batch_size=32)])
 
 
 def _plain_keras_trains(kind) -> bool:

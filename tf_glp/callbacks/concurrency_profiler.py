@@ -102,6 +102,12 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
                           "nothing is profiled and every layer keeps XLA's kernels. To let the profiler choose, "
                           "compile with jit_compile=False.", stacklevel=2)
             return
+        if not self.model.built:
+            warnings.warn("tf_glp.callbacks.ConcurrencyProfiler: the model is not built when training begins "
+                          "(without a strategy Keras builds a model without an Input in its first step, after this "
+                          "callback starts), so nothing is profiled. Give it a keras.Input, call "
+                          "model.build(input_shape) before fit, or train under tf_glp.Strategy(), which builds it "
+                          "from the first batch.", stacklevel=2)
         layers, left_alone = profiler.layers_to_profile(self.model, self.convert)
         if not layers:
             if self._choose_optimizer_step():
