@@ -15,7 +15,7 @@ trains N logical CPU replicas instead of one device (to try multi-replica code).
     TF_GLP_EXAMPLE_SMALL=1 python examples/quickstart.py
 
 runs a few-second version for CI (tests/test_examples.py): 512 training
-digits instead of 1500, 2 epochs instead of 8, 2 timing rounds instead of 8.
+digits instead of 1500, 2 epochs instead of 8, 2 timing rounds instead of 16.
 """
 
 import os
@@ -23,7 +23,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 SMALL = os.environ.get("TF_GLP_EXAMPLE_SMALL") == "1"
-train_size, epochs, rounds = (512, 2, 2) if SMALL else (1500, 8, 8)
+train_size, epochs, rounds = (512, 2, 2) if SMALL else (1500, 8, 16)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
