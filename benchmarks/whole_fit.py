@@ -14,8 +14,9 @@ exist yet: the first run) and on a warm one (the same script run again: the
 plan the cold run wrote). The ways are interleaved, REPEATS times; reported:
 the median of each and its spread (max - min), tf_glp's medians against
 the faster plain way, and the median (min-max) of the same ratio taken
-within each repetition (paired: its ways run back to back). With --tensorboard every fit has the callback a
-tutorial adds, keras.callbacks.TensorBoard(log_dir) as Keras defaults it.
+within each repetition (paired: its ways run back to back). With
+--tensorboard every fit has the callback a tutorial adds,
+keras.callbacks.TensorBoard(log_dir) as Keras defaults it.
 
 Models (Adam everywhere): the tiny
 MLP 64 -> 32 -> 10 (60,000 samples, batch 64, 5 epochs), the quickstart's CNN

@@ -17,11 +17,11 @@ optimizer are not touched), both
 updates traced once, then timed by the host clock in interleaved rounds; a
 round's call returns once the update has written the variables. A small
 model's update takes a fraction of a millisecond, where a few rounds are
-mostly the clock's and the call's jitter (their interquartile ranges
-overlap, and a faster update went untaken: 1.2x by the medians on the
-64-32-10 MLP, whose whole fit it makes about 15% faster): short updates run
-more rounds, up to ROUNDS_BUDGET_S of them, which costs less than the two
-traces.
+mostly the clock's and the call's jitter: their interquartile ranges
+overlapped and a faster update went untaken (1.15x-1.35x by the medians on
+the 64-32-10 MLP, whose fit it runs in about 18% less time). Short updates
+run more rounds, up to ROUNDS_BUDGET_S of them, which costs less than the
+two traces.
 """
 
 from __future__ import annotations
