@@ -46,6 +46,7 @@ def main(argv=None):
     parser.add_argument("--worker1-batch", type=int, default=None, help="another batch size on worker 1 (a bad job)")
     parser.add_argument("--profile", action="store_true", help="with ConcurrencyProfiler, workers measuring otherwise")
     parser.add_argument("--chunking", action="store_true", help="chunking='auto' measured, workers timing otherwise")
+    parser.add_argument("--no-input", action="store_true", help="a Sequential without keras.Input (unbuilt at fit)")
     parser.add_argument("--micro-batches", type=int, default=None)
     parser.add_argument("--engine", default=None, choices=["slurm"], help="the cluster from SLURM's variables")
     parser.add_argument("--ray-checkpoint", type=int, default=0, help="tf_glp.callbacks.RayCheckpoint(save_freq=N)")
@@ -80,7 +81,7 @@ def main(argv=None):
     keras.utils.set_random_seed(1)
     with strategy.scope():
         model = keras.Sequential([
-            keras.Input((8,)),
+            *([] if args.no_input else [keras.Input((8,))]),
             keras.layers.Dense(width, activation="relu"),
             keras.layers.BatchNormalization(),
             keras.layers.Dropout(0.2),

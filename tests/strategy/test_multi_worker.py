@@ -136,9 +136,11 @@ def test_workers_take_the_chiefs_chunking_and_the_next_run_reuses_it(tmp_path):
     # candidate's). Every chunk's sum crosses the workers, so all must chunk
     # alike: both take the chief's decisions, in step, and stay bitwise equal.
     # Only the chief keeps the decision; the next run's workers all take it
-    # from the chief's plan store, measuring nothing.
+    # from the chief's plan store, measuring nothing. The model has no Input:
+    # unbuilt at fit, it is built from the first batch before the store's
+    # key is taken (else the key would be any unbuilt model's).
     for run in ("measures", "reuses"):
-        status, output = _launch(tmp_path, "--update", "host", "--chunking")
+        status, output = _launch(tmp_path, "--update", "host", "--chunking", "--no-input")
         assert status == 0, output
         chief, other = (_load(tmp_path / f"w{i}.npz") for i in (0, 1))
         assert int(chief["chunks"]) == int(other["chunks"]) == 2, output
@@ -148,7 +150,8 @@ def test_workers_take_the_chiefs_chunking_and_the_next_run_reuses_it(tmp_path):
         if run == "measures":
             assert ("chunking 1 chunks in use: 2 — the chief's choice (this worker: 2 chunks measured 31.00 ms"
                     in output)
-            assert (tmp_path / "cache0" / "strategy_plans.json").exists()
+            (entry,) = json.load(open(tmp_path / "cache0" / "strategy_plans.json"))["chunkings"]
+            assert entry["key"]["trainable"][0] == [[8, 16], "float32"], entry["key"]
     assert (f"chunking 0 chunks in use: 2 — measured 50.00 ms against 100.00 ms for 1 chunk (reused {tmp_path}"
             in output)
     assert "chunking 1 chunks in use: 2 — the chief's decision, reused from its plan store" in output
