@@ -27,8 +27,8 @@ STDERR_TAIL_LINES = 30
 def child_setup(logical_cpus: int | None = None) -> None:
     """TensorFlow's C++ logs down to errors, tf_glp's plan cache empty and,
     with `logical_cpus`, the host CPU split into that many logical devices
-    ("/cpu:0", "/cpu:1", ...). Call it first: TensorFlow reads the log level when it loads and fixes its
-    devices when it first uses one."""
+    ("/cpu:0", "/cpu:1", ...). Call it first: TensorFlow reads the log
+    level when it loads and fixes its devices when it first uses one."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # A cache of tf_glp's start-up choices of its own, empty: a measurement
     # never reuses (or writes) what the user's runs or another commit chose.

@@ -4,7 +4,7 @@ path, the fused optimizer step where it measures faster.
 Checked against plain Keras (no strategy) on a model with what users train
 with: augmentation, Dropout, BatchNormalization, metrics, tf.data input,
 mixed precision; custom loops through strategy.run; the optimizer-step
-choice with an injected clock."""
+choice with injected timings (conftest.optimizer_step_winner)."""
 
 import warnings
 
@@ -24,19 +24,6 @@ L = keras.layers
 @pytest.fixture(autouse=True)
 def _no_replicas_from_the_environment(monkeypatch):
     monkeypatch.delenv("TF_GLP_CPU_REPLICAS", raising=False)
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    """Injects the optimizer-step timings: clock("fused") makes the fused
-    update measure 2x faster, clock("native") Keras' update."""
-
-    def set_winner(winner):
-        fast, slow = [0.001] * 5, [0.002] * 5
-        monkeypatch.setattr(optimizer_step, "time_updates",
-                            lambda *a, **k: (slow, fast) if winner == "fused" else (fast, slow))
-
-    return set_winner
 
 
 def _data(n=64, seed=0):
@@ -84,8 +71,8 @@ def test_without_gpus_the_default_is_one_device():
 
 
 @pytest.mark.parametrize("dataset", [False, True], ids=["arrays", "tf.data"])
-def test_trains_bitwise_like_plain_keras(dataset, clock, fused_calls):
-    clock("native")
+def test_trains_bitwise_like_plain_keras(dataset, optimizer_step_winner, fused_calls):
+    optimizer_step_winner("native")
     strategy = tf_glp.Strategy()
     _assert_bitwise(_fit(strategy, lambda: keras.optimizers.Adam(0.01), dataset=dataset),
                     _fit(None, lambda: keras.optimizers.Adam(0.01), dataset=dataset))
@@ -102,15 +89,15 @@ def test_an_optimizer_it_cannot_fuse_is_not_timed(monkeypatch):
 
 
 @pytest.mark.parametrize("name", [row.name for row in FUSED_OPTIMIZER_TABLE])
-def test_the_fused_step_where_it_measures_faster(name, clock, fused_calls, exact_arithmetic):
-    clock("fused")
+def test_the_fused_step_where_it_measures_faster(name, optimizer_step_winner, fused_calls, exact_arithmetic):
+    optimizer_step_winner("fused")
     strategy = tf_glp.Strategy()
     ours = _fit(strategy, lambda: getattr(keras.optimizers, name)(0.01), epochs=1)
     if name == "ScheduleFreeAdamW":
         # Its build writes (momentum = weights), and plain Keras' first fit
         # builds it elsewhere than tf_glp does (docs/strategy.md): against
         # the same strategy with Keras' update.
-        clock("native")
+        optimizer_step_winner("native")
         plain = _fit(tf_glp.Strategy(), lambda: getattr(keras.optimizers, name)(0.01), epochs=1)
     else:
         plain = _fit(None, lambda: getattr(keras.optimizers, name)(0.01), epochs=1)
@@ -138,8 +125,8 @@ def test_the_fused_step_where_it_measures_faster(name, clock, fused_calls, exact
 MATCH_KERAS_IN_FIT_TO_ROUNDING = {"Ftrl", "Lamb", "Adafactor"}
 
 
-def test_the_choice_is_made_once_per_optimizer(clock, monkeypatch):
-    clock("fused")
+def test_the_choice_is_made_once_per_optimizer(optimizer_step_winner, monkeypatch):
+    optimizer_step_winner("fused")
     calls = []
     original = optimizer_step.time_updates
     monkeypatch.setattr(optimizer_step, "time_updates", lambda *a, **k: calls.append(1) or original(*a, **k))
@@ -153,8 +140,8 @@ def test_the_choice_is_made_once_per_optimizer(clock, monkeypatch):
     assert len(calls) == 1 and optimizer_step.uses_fused_update(model.optimizer)
 
 
-def test_mixed_precision_like_plain_keras(clock):
-    clock("native")
+def test_mixed_precision_like_plain_keras(optimizer_step_winner):
+    optimizer_step_winner("native")
     before = keras.mixed_precision.dtype_policy()
     keras.mixed_precision.set_dtype_policy("mixed_float16")
     try:
@@ -165,8 +152,8 @@ def test_mixed_precision_like_plain_keras(clock):
     _assert_bitwise(ours, plain)
 
 
-def test_xla_is_allowed_and_keeps_keras_update(clock, fused_calls):
-    clock("fused")
+def test_xla_is_allowed_and_keeps_keras_update(optimizer_step_winner, fused_calls):
+    optimizer_step_winner("fused")
     strategy = tf_glp.Strategy()
     x, y = _data()
     with strategy.scope():
