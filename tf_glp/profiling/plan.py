@@ -6,7 +6,7 @@
 the user's cache, tf_glp/tuning/store.py.)
 
 A plan is JSON: a header that decides whether it can be reused (schema,
-tf_glp and TensorFlow versions, device, CPU instruction set, batch size) and
+the machine and versions as the plan store keys them, device, batch size) and
 one entry per layer (name, class, input shape, dtype, every candidate's
 median and spread, the analytical cap, the choice and why). Pure Python:
 reading, matching, writing (atomically) and printing need no TensorFlow.
@@ -66,8 +66,7 @@ class Plan:
     left_alone: list[dict] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"header": self.header, "layers": [dataclasses.asdict(layer) for layer in self.layers],
-                "notes": self.notes, "optimizer": self.optimizer, "left_alone": self.left_alone}
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict) -> Plan:
@@ -78,9 +77,7 @@ class Plan:
                 raise TypeError("header is not an object")
             layers = []
             for entry in data["layers"]:
-                entry = dict(entry)
-                entry["candidates"] = [Candidate(**c) for c in entry["candidates"]]
-                layer = LayerPlan(**entry)
+                layer = LayerPlan(**{**entry, "candidates": [Candidate(**c) for c in entry["candidates"]]})
                 _check_layer(layer)
                 layers.append(layer)
             optimizer = data.get("optimizer")
@@ -174,12 +171,14 @@ def table(plan: Plan) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
-    if plan.optimizer:
-        step = plan.optimizer
+    step = plan.optimizer
+    if step and all(key in step for key in ("optimizer_class", "native_ms", "fused_ms", "reason")):
         sample = (f" on {step['timed_parameters']:,} of {step['parameters']:,} parameters"
                   if step.get("timed_parameters", step.get("parameters")) != step.get("parameters") else "")
         lines.append(f"optimizer step ({step['optimizer_class']}{sample}): Keras {step['native_ms']:.3f} ms, fused "
                      f"{step['fused_ms']:.3f} ms -> {step['choice']} ({step['reason']})")
+    elif step:  # a record without its timings (from_json asks only for the choice)
+        lines.append(f"optimizer step: {step['choice']}" + (f" ({step['reason']})" if step.get("reason") else ""))
     lines += [f"left as it is: {entry['name']} ({entry['layer_class']}): {entry['reason']}"
               for entry in plan.left_alone]
     return "\n".join(lines + [f"{note}" for note in plan.notes])

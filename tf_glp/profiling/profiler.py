@@ -23,7 +23,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-import tf_glp
 from tf_glp.layers import as_glp_layer, is_eligible, why_not_eligible
 from tf_glp.profiling import choice as choice_rule
 from tf_glp.profiling import concurrency_model, device_facts, timing
@@ -35,10 +34,8 @@ def plan_header(batch_size: int, candidates="auto") -> dict:
     """The facts a plan must share with this run to be reused."""
     return {
         "schema": plan_lib.SCHEMA,
-        "tf_glp": tf_glp.__version__,
-        "tensorflow": tf.__version__,
+        **store.machine(),  # the versions and the CPU (its model too: a CPU's device string names only threads)
         "device": device_facts.device_string(),
-        "isa": tf_glp.native_available().cpu_kernels,
         "batch_size": int(batch_size),
         "candidates": candidates if candidates == "auto" else sorted(int(k) for k in candidates),
         "min_speedup": choice_rule.MIN_SPEEDUP,  # the choice rule: a plan chosen under another is profiled again
