@@ -1,4 +1,4 @@
-"""The Keras / TensorFlow internals tf_glp relies on (tf_glp/compat.py)
+"""The Keras / TensorFlow internals tf_glp relies on (tf_glp/_keras/compat.py)
 exist in the installed versions and behave as it expects. A newer Keras that
 changes one fails here, by name, before anything trains wrongly."""
 

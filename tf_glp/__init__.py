@@ -1,6 +1,6 @@
 """tf_glp: faster Keras 3 / TensorFlow training without changing what is learned.
 
-Three parts:
+Four parts:
 - `tf_glp.Strategy`: a tf.distribute.Strategy for data parallelism in which
   the host CPUs sum the replicas' gradients and apply the optimizer once,
   chunk by chunk (CPU-assisted data parallelism); without GPUs it trains on
@@ -37,8 +37,6 @@ from typing import Any
 from tf_glp._native import NativeStatus, native_available
 
 __version__ = "0.1.0"
-__all__ = ["NativeStatus", "Strategy", "callbacks", "environment_cluster", "layers", "native_available", "ops",
-           "plan", "profile", "slurm_cluster", "strategy"]
 
 # Loaded on first use (they import TensorFlow): name -> (module, attribute or None for the module).
 _LAZY = {"Strategy": ("tf_glp.strategy", "Strategy"), "profile": ("tf_glp.profiling.profiler", "profile"),
@@ -46,6 +44,7 @@ _LAZY = {"Strategy": ("tf_glp.strategy", "Strategy"), "profile": ("tf_glp.profil
          "environment_cluster": ("tf_glp.strategy.resolvers", "environment_cluster"),
          "callbacks": ("tf_glp.callbacks", None), "layers": ("tf_glp.layers", None), "ops": ("tf_glp.ops", None),
          "plan": ("tf_glp.profiling.plan", None), "strategy": ("tf_glp.strategy", None)}
+__all__ = ["NativeStatus", "native_available", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -76,10 +76,6 @@ def _mode() -> str:
     raise ValueError(f"TF_GLP_NATIVE must be 0, 1 or auto, got {value!r}")
 
 
-def _major_minor(version: str) -> tuple[str, ...]:
-    return tuple(version.split(".")[:2])
-
-
 def _built_against(path: str) -> str | None:
     """The TensorFlow version in the library's build marker (see
     cc/tf/library_info.cc), read from the file without loading it."""
@@ -97,13 +93,9 @@ def _try_load() -> tuple[NativeStatus, ModuleType | None]:
     built_for = _built_against(path)
     if built_for is None:
         return NativeStatus(False, f"{path} carries no build marker (not a tf_glp op library?)", path), None
-    if _major_minor(built_for) != _major_minor(tf.__version__):
-        return NativeStatus(
-            False,
-            f"{path} was built for TensorFlow {built_for} but TensorFlow "
-            f"{tf.__version__} is installed; reinstall tf_glp to rebuild it",
-            path,
-        ), None
+    if built_for.split(".")[:2] != tf.__version__.split(".")[:2]:
+        reason = f"{path} was built for TensorFlow {built_for} but TensorFlow {tf.__version__} is installed"
+        return NativeStatus(False, f"{reason}; reinstall tf_glp to rebuild it", path), None
     try:
         module = tf.load_op_library(path)
         # Already loaded by TensorFlow: this only looks up a C function.

@@ -17,6 +17,7 @@ Pure Python (no TensorFlow): it only starts processes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -120,19 +121,15 @@ def _stop(processes) -> None:
     """SIGTERM to every live worker's process group, SIGKILL after a grace period."""
     live = [p for p in processes if p.poll() is None]
     for p in live:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + STOP_GRACE_S
     for p in live:
         try:
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             p.wait()
 
 

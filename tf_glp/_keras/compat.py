@@ -8,9 +8,11 @@ Written for Keras 3.15 and TensorFlow 2.21 (WRITTEN_FOR; pyproject.toml pins
 both). Each class-level internal is listed in INTERNALS with what tf_glp uses
 it for; `missing_internals()` names those the installed versions lack.
 tests/test_keras_compat.py fails loudly on any of them, and on the
-instance-level ones (an optimizer's slot lists) built from real Keras
-objects; `require_internals()`, called when the first tf_glp.Strategy is
-created, raises instead of letting tf_glp run half-patched.
+instance-level ones (an optimizer's slot lists, and the instance attributes
+the accessors below read or set) built from real Keras objects; the
+multi-worker ones are checked by tests/strategy/test_multi_worker.py.
+`require_internals()`, called when the first tf_glp.Strategy is created,
+raises instead of letting tf_glp run half-patched.
 
 host_strategy.py, multi_worker_strategy.py and one_device_strategy.py
 (with host_copies.py's HostUpdateExtended mixin) subclass TensorFlow's
@@ -121,10 +123,6 @@ INTERNALS = {
     ("tensorflow.python.eager", "context", "Context"): "configure_coordination_service",
 }
 
-# Instance attributes: those the accessors below read or set (each marked
-# `# noqa: SLF001`, or read with getattr), checked on real objects by
-# tests/test_keras_compat.py; the multi-worker ones by tests/strategy/test_multi_worker.py.
-
 
 def missing_internals() -> list[str]:
     """The INTERNALS the installed Keras / TensorFlow lack, with their use."""
@@ -153,9 +151,11 @@ def require_internals() -> None:
             + ". Install the versions pyproject.toml pins.")
 
 
-def keras_class(module_name: str, class_name: str):
-    """A Keras / TensorFlow class named in INTERNALS (for patching)."""
-    return getattr(importlib.import_module(module_name), class_name)
+def internal(module_name: str, name: str):
+    """`name` (a class, function or submodule) of the Keras / TensorFlow
+    module `module_name`, imported when called: an internal named in
+    INTERNALS (missing_internals() names it if it is gone)."""
+    return getattr(importlib.import_module(module_name), name)
 
 
 # -- trainer internals (micro-batches) ------------------------------------------
@@ -234,7 +234,8 @@ def built_variables(optimizer) -> list:
 
 def apply_weight_decay_to_copy(optimizer, variables) -> None:
     """Keras' backend-neutral weight decay: plain assigns on these variables."""
-    keras_class("keras.src.optimizers.base_optimizer", "BaseOptimizer")._apply_weight_decay(optimizer, variables)  # noqa: SLF001
+    base_optimizer = internal("keras.src.optimizers.base_optimizer", "BaseOptimizer")
+    base_optimizer._apply_weight_decay(optimizer, variables)  # noqa: SLF001
 
 
 def creating_optimizer_variable() -> bool:
@@ -289,9 +290,7 @@ def apply_loss_scaled(loss_scale_optimizer, grads, variables) -> None:
 
 def is_default_strategy(strategy) -> bool:
     """Whether `strategy` is TensorFlow's default one (no tf.distribute)."""
-    from tensorflow.python.distribute import distribute_lib  # noqa: PLC0415
-
-    return strategy is distribute_lib._get_default_strategy()  # noqa: SLF001
+    return strategy is internal("tensorflow.python.distribute.distribute_lib", "_get_default_strategy")()
 
 
 def in_multi_worker_mode(strategy) -> bool:
@@ -310,15 +309,14 @@ def set_initial_epoch(model, epoch: int) -> None:
 
 def load_keras_backup(callback) -> None:
     """Keras' own BackupAndRestore restore, for a subclass that overrides it."""
-    keras_class("keras.src.callbacks.backup_and_restore", "BackupAndRestore")._load_model(callback)  # noqa: SLF001
+    internal("keras.src.callbacks.backup_and_restore", "BackupAndRestore")._load_model(callback)  # noqa: SLF001
 
 
 def share_kernel(twin, layer) -> None:
     """Makes a built Conv2D / Dense `layer`'s kernel `twin`'s too, tracked
     as build() would track it (tf_glp.layers convert and strip)."""
     twin._kernel = layer._kernel  # noqa: SLF001
-    if hasattr(layer, "_build_shapes_dict"):
-        twin._build_shapes_dict = layer._build_shapes_dict  # noqa: SLF001
+    twin._build_shapes_dict = layer._build_shapes_dict  # noqa: SLF001
 
 
 def last_batch_seen(callback) -> int:
@@ -341,8 +339,7 @@ def symbolic_build(model, data_batch) -> None:
 
 def dataset_batch_size(dataset) -> int | None:
     """The static batch size of a batched tf.data.Dataset, if it has one."""
-    spec = dataset.element_spec
-    first = spec
+    first = dataset.element_spec
     while isinstance(first, (tuple, list)):
         first = first[0] if first else None
     if isinstance(first, dict):
@@ -360,9 +357,7 @@ def dataset_batch_size(dataset) -> int | None:
 def op_determinism_enabled() -> bool:
     """Whether tf.config.experimental.enable_op_determinism() was called
     (TensorFlow has no public getter)."""
-    from tensorflow.python.framework import config  # noqa: PLC0415
-
-    return config.is_op_determinism_enabled()
+    return internal("tensorflow.python.framework.config", "is_op_determinism_enabled")()
 
 
 def in_xla_context() -> bool:
@@ -375,50 +370,36 @@ def in_xla_context() -> bool:
 # -- tf.distribute's private classes and state ----------------------------------
 def mirrored_extended_class():
     """MirroredStrategy's extended object (host_strategy.HostMirroredExtended)."""
-    from tensorflow.python.distribute import mirrored_strategy  # noqa: PLC0415
-
-    return mirrored_strategy.MirroredExtended
+    return internal("tensorflow.python.distribute.mirrored_strategy", "MirroredExtended")
 
 
 def one_device_extended_class():
     """OneDeviceStrategy's extended object (one_device_strategy.OneDeviceExtended)."""
-    from tensorflow.python.distribute import one_device_strategy  # noqa: PLC0415
-
-    return one_device_strategy.OneDeviceExtended
+    return internal("tensorflow.python.distribute.one_device_strategy", "OneDeviceExtended")
 
 
 def collective_extended_class():
     """MultiWorkerMirroredStrategy's extended object (multi_worker_strategy.py)."""
-    from tensorflow.python.distribute import collective_all_reduce_strategy  # noqa: PLC0415
-
-    return collective_all_reduce_strategy.CollectiveAllReduceExtended
+    return internal("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended")
 
 
 def per_replica_class():
     """tf.distribute's PerReplica values (micro_batches.MicroBatchGradients)."""
-    from tensorflow.python.distribute import values  # noqa: PLC0415
-
-    return values.PerReplica
+    return internal("tensorflow.python.distribute.values", "PerReplica")
 
 
 def is_distributed_variable(value) -> bool:
     """Whether `value` is a tf.distribute variable (mirrored, sync-on-read, ...)."""
-    from tensorflow.python.distribute import values  # noqa: PLC0415
-
-    return isinstance(value, values.DistributedVariable)
+    return isinstance(value, internal("tensorflow.python.distribute.values", "DistributedVariable"))
 
 
 def is_sync_on_read(variable) -> bool:
-    from tensorflow.python.distribute import distribute_utils  # noqa: PLC0415
-
-    return distribute_utils.is_sync_on_read(variable)
+    return internal("tensorflow.python.distribute.distribute_utils", "is_sync_on_read")(variable)
 
 
 def select_replica(index: int, structure):
     """Replica `index`'s element of every per-replica value in `structure`."""
-    from tensorflow.python.distribute import distribute_utils  # noqa: PLC0415
-
-    return distribute_utils.select_replica(index, structure)
+    return internal("tensorflow.python.distribute.distribute_utils", "select_replica")(index, structure)
 
 
 class CollectiveWorker(NamedTuple):
@@ -474,9 +455,8 @@ def all_reduce_among_workers(extended, values, device: str, merge_op: str, timeo
 
 def normalized_cluster_spec(cluster_resolver):
     """The resolver's cluster spec as tf.distribute normalises it."""
-    from tensorflow.python.distribute import multi_worker_util  # noqa: PLC0415
-
-    return multi_worker_util.normalize_cluster_spec(cluster_resolver.cluster_spec())
+    normalize = internal("tensorflow.python.distribute.multi_worker_util", "normalize_cluster_spec")
+    return normalize(cluster_resolver.cluster_spec())
 
 
 def configure_coordination_service(cluster_resolver, register_ms: int, heartbeat_ms: int) -> None:

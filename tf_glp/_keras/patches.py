@@ -1,20 +1,14 @@
 """The methods of Keras 3 that tf_glp wraps: the boundary's patching half
 (tf_glp/_keras/; compat.py is the reading half).
 
-Why: Keras' TF optimizer all-reduces gradients in replica context, then
-updates each variable copy; tf_glp.Strategy takes the whole optimizer step
-out of the replicas' step instead (one merge, the host sum, Keras' apply
-once in cross-replica context). Each wrapper is a no-op unless the model or
-optimizer belongs to a tf_glp.Strategy, and then calls the hooks
-StrategyHooks writes down. Wrapped: the optimizer step (BaseOptimizer.apply,
-each keras.optimizers class's own `apply`, LossScaleOptimizer's), the TF
-optimizer's update (fused host update: set_fused_update), maybe_merge_call,
-Trainer.compile (no XLA with replicas: tf_glp/strategy/no_xla.py), fit
-(tf_glp/strategy/fit_setup.py), _maybe_symbolic_build, and, under
-micro_batches=M, install_micro_batch_wrappers. install() runs once, when
-the first tf_glp.Strategy is created (or the start-up profiler first
-chooses the fused update), after compat.require_internals() (which raises,
-naming what changed, if Keras lacks a wrapped method).
+Why: tf_glp/strategy/strategy.py's module docstring. What is wrapped:
+compat.INTERNALS' "patched:" entries, plus each keras.optimizers class's own
+`apply`. Each wrapper is a no-op unless the model or optimizer belongs to a
+tf_glp.Strategy, and then calls the hooks StrategyHooks writes down.
+install() runs once, when the first tf_glp.Strategy is created (or the
+start-up profiler first chooses the fused update), after
+compat.require_internals() (which raises, naming what changed, if Keras
+lacks a wrapped method).
 """
 
 from __future__ import annotations
@@ -150,7 +144,7 @@ def fused_update_of(optimizer):
 
 def _wrap(owner: tuple[str, str], name: str, make_wrapper) -> None:
     """Replaces owner.name by make_wrapper(original), keeping its metadata."""
-    cls = compat.keras_class(*owner)
+    cls = compat.internal(*owner)
     original = getattr(cls, name)
     setattr(cls, name, functools.wraps(original)(make_wrapper(original)))
 
@@ -237,7 +231,7 @@ def _install_optimizer_hooks() -> None:
     # Keras optimizers with an `apply` of their own (MultiOptimizer): the
     # same step, so that what their apply writes (its own step counter) is
     # written once. LossScaleOptimizer's is wrapped at `_tf_apply` instead.
-    loss_scale_optimizer = compat.keras_class(*_LOSS_SCALE_OPTIMIZER)
+    loss_scale_optimizer = compat.internal(*_LOSS_SCALE_OPTIMIZER)
     classes = {id(c): c for c in vars(keras.optimizers).values() if isinstance(c, type)}
     for cls in classes.values():
         if (issubclass(cls, keras.optimizers.Optimizer) and "apply" in vars(cls)
@@ -348,7 +342,6 @@ def install_micro_batch_wrappers(seed_next, batch_norm_moments, scale_for_distri
         _wrap(_TF_TRAINER, "train_step", train_step)
         _wrap(_SEED_GENERATOR, "next", seed_next)
         _wrap(_BATCH_NORMALIZATION, "_moments", batch_norm_moments)
-        _wrap(_LOSSES, "scale_loss_for_distribution", lambda original: scale_for_distribution(original, inverse=False))
-        _wrap(_LOSSES, "unscale_loss_for_distribution",
-              lambda original: scale_for_distribution(original, inverse=True))
+        _wrap(_LOSSES, "scale_loss_for_distribution", functools.partial(scale_for_distribution, inverse=False))
+        _wrap(_LOSSES, "unscale_loss_for_distribution", functools.partial(scale_for_distribution, inverse=True))
         _micro_batch_wrappers_installed = True

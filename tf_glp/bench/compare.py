@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 
 from tf_glp.bench.run_concept import CONCEPTS, MULTI_WORKER_CONCEPTS
 from tf_glp.tuning import store
@@ -146,8 +147,6 @@ def machine() -> dict:
         info["gpus"] = []
     for package in ("tensorflow", "keras", "tf_glp", "horovod"):
         try:
-            from importlib.metadata import version  # noqa: PLC0415
-
             info[package] = version(package)
         except Exception:  # noqa: BLE001 (absent: reported as such)
             info[package] = "not installed"

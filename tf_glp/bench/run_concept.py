@@ -21,7 +21,8 @@ import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tf_glp.strategy import concepts as update_concepts  # noqa: E402 (after the log level: it imports TensorFlow)
+# After the log level: it imports TensorFlow.
+from tf_glp.strategy import concepts as update_concepts, cpu_replica_devices  # noqa: E402
 
 EVALUATIONS = 3  # held-out evaluations per run (at equal step intervals)
 TF_GLP = "tf_glp-"  # the prefix of tf_glp's entries
@@ -73,13 +74,8 @@ def run(spec: dict) -> dict:
     import tensorflow as tf  # noqa: PLC0415
 
     replicas = spec["replicas"]
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        devices = [f"/gpu:{i}" for i in range(replicas)]
-    else:
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
-        devices = [f"/cpu:{i}" for i in range(replicas)]
+    devices = ([f"/gpu:{i}" for i in range(replicas)] if tf.config.list_physical_devices("GPU")
+               else cpu_replica_devices(replicas))
     import keras  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
 

@@ -205,5 +205,4 @@ def write_summaries(plan: plan_lib.Plan, log_dir: str, step: int = 0) -> None:
         tf.summary.image("tf_glp/concurrency_chart", plan_lib.bar_chart(plan)[None])
         for layer in plan.layers:
             tf.summary.scalar(f"tf_glp/concurrency/{layer.name}", 0 if layer.choice is None else layer.choice)
-    writer.flush()
-    writer.close()
+    writer.close()  # flushes first

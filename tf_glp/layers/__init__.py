@@ -101,9 +101,7 @@ class Dense(_Lanes, keras.layers.Dense):
         if not (isinstance(inputs, tf.Tensor) and self._runs_concurrently(inputs)):
             return super().call(inputs, training=training)
         kernel = tf.cast(self.kernel, inputs.dtype)  # the compute dtype, as Keras' own op casts it
-        rows = inputs
-        if inputs.shape.rank != 2:
-            rows = tf.reshape(inputs, [-1, kernel.shape[0]])
+        rows = inputs if inputs.shape.rank == 2 else tf.reshape(inputs, [-1, kernel.shape[0]])
         x = concurrent_matmul(rows, kernel, concurrency=self.concurrency)
         if inputs.shape.rank != 2:
             x = tf.reshape(x, tf.concat([tf.shape(inputs)[:-1], [self.units]], axis=0))

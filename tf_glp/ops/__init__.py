@@ -1,7 +1,7 @@
 """tf_glp's ops: native kernels with pure-TensorFlow fallbacks.
 
-Every op here gives the same numbers on both paths (the fused Ftrl and Lamb
-updates to rounding: HostUpdate.exact in host_optimizers.py; see
+Every op here gives the same numbers on both paths (to rounding for the
+fused updates whose HostUpdate.exact is False, in host_optimizers.py; see
 tf_glp._native for how the path is chosen).
 
 Note [No AutoGraph in tf_glp]

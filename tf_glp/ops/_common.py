@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -40,7 +42,4 @@ def sum_in_order(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     values = [tf.cast(t, tf.float32) for t in tensors]
     if len(values) <= 8:
         return tf.add_n(values)
-    total = values[0]
-    for value in values[1:]:
-        total = total + value
-    return total
+    return functools.reduce(operator.add, values)

@@ -10,8 +10,7 @@ passed as Keras computes them (`1 - beta` in double precision, then float32).
 Every update runs through one op, Glp>HostApply, and one skeleton,
 `apply_host_update`, driven by a `HostUpdate` row (HOST_UPDATES): its kind,
 its slots and scalars, and its pure-TensorFlow fallback. The public
-`host_apply_*` functions name the arguments of the first rows. See Note
-[Update formulas] in cc/core/update_formulas.h for the C++ side of a row.
+`host_apply_*` functions name the arguments of the first rows.
 """
 
 from __future__ import annotations
@@ -113,9 +112,6 @@ class HostUpdate:
         return shape[:-1] if k == 0 else shape[:-2].concatenate(shape[-1:])
 
 
-# The rows: each the fallback of one formula of cc/core/update_formulas.h
-# (its lines in the same order) and its HostUpdate.
-
 def _sgd(var, slots, g, s) -> None:
     (lr,) = s
     var.assign(var - g * lr)
@@ -153,9 +149,8 @@ def _rmsprop(centered: bool, momentum: bool):
         increment = (lr * g) / tf.sqrt(denominator)
         if momentum:
             slots[-1].assign(momentum_rate * slots[-1] + increment)
-            var.assign(var - slots[-1])
-        else:
-            var.assign(var - increment)
+            increment = slots[-1]
+        var.assign(var - increment)
     return step
 
 

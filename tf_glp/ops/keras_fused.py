@@ -14,9 +14,8 @@ Each fused Keras optimizer class is one FusedOptimizer row: which HostUpdate
 (tf_glp/ops/host_optimizers.py) its settings use, its slot variables in the
 op's order, and its scalars computed the way Keras computes them. Classes
 match exactly: a subclass may change the update (AdamW, a subclass of Adam,
-has its own row). Fusing another Keras optimizer adds a row here and, for a
-new formula, a HostUpdate row (tf_glp/ops/host_optimizers.py) and its
-formula (Note [Update formulas] in cc/core/update_formulas.h): three files.
+has its own row). Fusing another Keras optimizer: docs/building.md (Fused
+optimizers).
 """
 
 from __future__ import annotations
@@ -84,10 +83,11 @@ class FusedOptimizer:
                      for attribute in self.slot_attributes(optimizer))
 
 
-def _one(update: HostUpdate, slot_attributes: tuple[str, ...], step_scalars) -> dict:
-    """The fields of a row with a single HostUpdate."""
-    return dict(host_updates=(update,), host_update=lambda opt: update,
-                slot_attributes=lambda opt: slot_attributes, step_scalars=step_scalars)
+def _one(optimizer_class: type, kind: str, slot_attributes: tuple[str, ...], step_scalars, **extra) -> FusedOptimizer:
+    """A row with a single HostUpdate (`kind`)."""
+    update = HOST_UPDATES_BY_KIND[kind]
+    return FusedOptimizer(optimizer_class, host_updates=(update,), host_update=lambda opt: update,
+                          slot_attributes=lambda opt: slot_attributes, step_scalars=step_scalars, **extra)
 
 
 def _float32(value) -> tf.Tensor:
@@ -139,7 +139,7 @@ def _lion(opt, lr) -> tuple:
 def _nadam_u_product(opt) -> None:
     # Nadam._backend_update_step, before its per-variable updates.
     u_product = compat.nadam_u_product(opt)
-    u_product.assign(u_product * opt.beta_1 * (1.0 - 0.5 * tf.pow(0.96, _float32(opt.iterations + 1))))
+    u_product.assign(u_product * opt.beta_1 * (1.0 - 0.5 * tf.pow(0.96, _local_step(opt))))
 
 
 def _nadam(opt, lr) -> tuple:
@@ -214,25 +214,20 @@ FUSED_OPTIMIZER_TABLE: tuple[FusedOptimizer, ...] = (
                        "rmsprop", "rmsprop_momentum", "rmsprop_centered", "rmsprop_centered_momentum")),
                    host_update=_rmsprop_update, slot_attributes=_rmsprop_slots,
                    step_scalars=lambda opt, lr: (lr, opt.rho, 1 - opt.rho, opt.epsilon, opt.momentum)),
-    FusedOptimizer(keras.optimizers.Adagrad, **_one(HOST_UPDATES_BY_KIND["adagrad"], ("_accumulators",),
-                                                    lambda opt, lr: (lr, opt.epsilon))),
-    FusedOptimizer(keras.optimizers.Adamax, **_one(HOST_UPDATES_BY_KIND["adamax"], ("_m", "_u"), _adamax)),
-    FusedOptimizer(keras.optimizers.Adadelta, **_one(
-        HOST_UPDATES_BY_KIND["adadelta"], ("_accumulated_grads", "_accumulated_delta_vars"),
-        lambda opt, lr: (lr, opt.rho, 1 - opt.rho, opt.epsilon))),
-    FusedOptimizer(keras.optimizers.Lion, **_one(HOST_UPDATES_BY_KIND["lion"], ("_momentums",), _lion)),
-    FusedOptimizer(keras.optimizers.Nadam, **_one(HOST_UPDATES_BY_KIND["nadam"], _ADAM_SLOTS, _nadam),
-                   before_step=_nadam_u_product),
+    _one(keras.optimizers.Adagrad, "adagrad", ("_accumulators",), lambda opt, lr: (lr, opt.epsilon)),
+    _one(keras.optimizers.Adamax, "adamax", ("_m", "_u"), _adamax),
+    _one(keras.optimizers.Adadelta, "adadelta", ("_accumulated_grads", "_accumulated_delta_vars"),
+         lambda opt, lr: (lr, opt.rho, 1 - opt.rho, opt.epsilon)),
+    _one(keras.optimizers.Lion, "lion", ("_momentums",), _lion),
+    _one(keras.optimizers.Nadam, "nadam", _ADAM_SLOTS, _nadam, before_step=_nadam_u_product),
     FusedOptimizer(keras.optimizers.Ftrl,
                    host_updates=(HOST_UPDATES_BY_KIND["ftrl"], HOST_UPDATES_BY_KIND["ftrl_sqrt"]),
                    host_update=lambda opt: HOST_UPDATES_BY_KIND["ftrl_sqrt" if opt.learning_rate_power == -0.5
                                                                 else "ftrl"],
                    slot_attributes=lambda opt: ("_accumulators", "_linears"), step_scalars=_ftrl),
-    FusedOptimizer(keras.optimizers.ScheduleFreeAdamW, **_one(
-        HOST_UPDATES_BY_KIND["schedule_free_adamw"], _ADAM_SLOTS, _schedule_free_adamw)),
-    FusedOptimizer(keras.optimizers.Lamb, **_one(HOST_UPDATES_BY_KIND["lamb"], _ADAM_SLOTS, _lamb)),
-    FusedOptimizer(keras.optimizers.Adafactor, **_one(HOST_UPDATES_BY_KIND["adafactor"], ("_r", "_c", "_v"),
-                                                      _adafactor)),
+    _one(keras.optimizers.ScheduleFreeAdamW, "schedule_free_adamw", _ADAM_SLOTS, _schedule_free_adamw),
+    _one(keras.optimizers.Lamb, "lamb", _ADAM_SLOTS, _lamb),
+    _one(keras.optimizers.Adafactor, "adafactor", ("_r", "_c", "_v"), _adafactor),
 )
 
 # The Keras optimizers left to Keras' own update, and why (explain() and
@@ -245,12 +240,8 @@ KERAS_UPDATE_ONLY: dict[str, str] = {
 }
 
 
-def _names(names: list[str]) -> str:
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-
-
 # The fused optimizers' names for messages and docs, e.g. "SGD, Adam and AdamW".
-FUSED_OPTIMIZERS: str = _names([row.name for row in FUSED_OPTIMIZER_TABLE])
+FUSED_OPTIMIZERS: str = " and ".join(", ".join(row.name for row in FUSED_OPTIMIZER_TABLE).rsplit(", ", 1))
 
 
 def fused_optimizer(optimizer) -> FusedOptimizer | None:
@@ -267,7 +258,7 @@ def update_bytes_per_parameter(optimizer=None) -> int:
         >>> update_bytes_per_parameter(keras.optimizers.SGD())
         12
     """
-    row = fused_optimizer(optimizer) if optimizer is not None else None
+    row = fused_optimizer(optimizer)
     return (row.host_update(optimizer) if row is not None else ADAM_UPDATE).bytes_per_parameter
 
 # The optimizer options with which Keras changes the gradients before its

@@ -76,13 +76,9 @@ def describe(driver, ordinal: int = 0) -> GpuDescription | None:
     """The description of CUDA device `ordinal` (TensorFlow's GPU:ordinal:
     both number the devices the driver shows), or None if `driver` is None
     or any call fails."""
-    if driver is None:
-        return None
-    device = ctypes.c_int()
-    name = ctypes.create_string_buffer(256)
-    if driver.cuInit(0) != 0 or driver.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
-        return None
-    if driver.cuDeviceGetName(name, len(name), device) != 0:
+    device, name = ctypes.c_int(), ctypes.create_string_buffer(256)
+    if (driver is None or driver.cuInit(0) != 0 or driver.cuDeviceGet(ctypes.byref(device), ordinal) != 0
+            or driver.cuDeviceGetName(name, len(name), device) != 0):
         return None
 
     def attribute(number: int) -> int | None:

@@ -2,9 +2,6 @@
 matrix product, with TensorFlow's kernel and with each lane count, forward
 and backward, at its real shapes and dtype, in one function for the whole
 model (time_layers): WARMUP untimed rounds, then the timed ones.
-
-The layers' variables are not read: the operands come from a local NumPy
-generator, so weights and random generators are untouched.
 """
 
 from __future__ import annotations
@@ -50,6 +47,18 @@ def _operands(layer: keras.layers.Layer, input_shape: Sequence[int], dtype: str,
         out_shape = [input_shape[0], kernel_shape[1]]
     return tuple(tf.constant(rng.random(shape, dtype=np.float32) - 0.5, dtype=dtype)
                  for shape in (input_shape, kernel_shape, out_shape))
+
+
+def _forward_backward(core, x: tf.Tensor, w: tf.Tensor, dy: tf.Tensor) -> list[tf.Tensor]:
+    """The core op's output and its input and kernel gradients (for output
+    gradient `dy`). The gradients run after the forward op, as in a training
+    step (they do not read its output; unordered, all three would run at
+    once and time another schedule than training's)."""
+    with tf.GradientTape() as tape:
+        tape.watch([x, w])
+        y = core(x, w)
+    with tf.control_dependencies([y]):
+        return [y, *tape.gradient(y, [x, w], output_gradients=dy)]
 
 
 @contextlib.contextmanager
@@ -98,15 +107,8 @@ def time_layers(jobs: Sequence[tuple[keras.layers.Layer, Sequence[int], str, Seq
         for core, x, w, dy in timed:
             with tf.control_dependencies([token]):
                 start = tf.timestamp()
-            with tf.control_dependencies([start]):  # every op below waits for the stamp
-                with tf.GradientTape() as tape:
-                    tape.watch([x, w])
-                    y = core(x, w)
-                # The gradients after the forward op, as in a training step
-                # (they do not read its output; unordered, all three would
-                # run at once and time another schedule than training's).
-                with tf.control_dependencies([y]):
-                    done = [y, *tape.gradient(y, [x, w], output_gradients=dy)]
+            with tf.control_dependencies([start]):  # every op _forward_backward makes waits for the stamp
+                done = _forward_backward(core, x, w, dy)
             if on_gpu:
                 # The kernels run after their launch: the end stamp waits
                 # for one element of each output copied to the host.
@@ -130,13 +132,9 @@ def time_layers(jobs: Sequence[tuple[keras.layers.Layer, Sequence[int], str, Seq
                 rounds.append(one_round()[0].numpy())
                 if progress:
                     progress(1)
-    rounds = rounds[WARMUP:]
-    per_candidate = [[float(r[i]) for r in rounds] for i in range(len(timed))]
-    out, at = [], 0
-    for *_, concurrencies in jobs:
-        out.append(per_candidate[at:at + len(concurrencies)])
-        at += len(concurrencies)
-    return out
+    # Each candidate's times, in the order of `timed`, split back per job.
+    columns = iter([float(t) for t in column] for column in zip(*rounds[WARMUP:]))
+    return [[next(columns) for _ in concurrencies] for *_, concurrencies in jobs]
 
 
 def _rounds_timed_on_the_host(timed, trials: int, progress) -> list[list[float]]:
@@ -152,12 +150,7 @@ def _rounds_timed_on_the_host(timed, trials: int, progress) -> list[list[float]]
     def candidate_function(core, x, w, dy):
         @tf.function(autograph=False)
         def run():
-            with tf.GradientTape() as tape:
-                tape.watch([x, w])
-                y = core(x, w)
-            with tf.control_dependencies([y]):  # gradients after the forward op, as in training
-                done = [y, *tape.gradient(y, [x, w], output_gradients=dy)]
-            return [tf.reshape(t, [-1])[0] for t in done]
+            return [tf.reshape(t, [-1])[0] for t in _forward_backward(core, x, w, dy)]
         return run
 
     functions = [candidate_function(*job) for job in timed]

@@ -18,22 +18,18 @@ from collections.abc import Sequence
 
 from tf_glp.strategy import cost_model
 
-_SETTING_HELP = ("'auto', 'none', an int number of chunks, or a byte size such as '4MB', '4MiB', "
-                 "'4 MiB' or '4194304'")
-
 
 def validate_chunking(chunking) -> None:
     """Raises ValueError unless chunking is "auto", "none", a chunk count
     (int >= 1) or a byte size (see parse_bytes)."""
-    if isinstance(chunking, bool):
-        raise ValueError(f"chunking must be {_SETTING_HELP}, got {chunking!r}")
-    if isinstance(chunking, int):
+    if isinstance(chunking, int) and not isinstance(chunking, bool):
         if chunking < 1:
             raise ValueError(f"chunking as a number of chunks must be >= 1, got {chunking}")
         return
     if isinstance(chunking, str) and (chunking in ("auto", "none") or parse_bytes(chunking) is not None):
         return
-    raise ValueError(f"chunking must be {_SETTING_HELP}, got {chunking!r}")
+    raise ValueError("chunking must be 'auto', 'none', an int number of chunks, or a byte size such as '4MB', "
+                     f"'4MiB', '4 MiB' or '4194304', got {chunking!r}")
 
 
 # One convention everywhere: SI units are powers of 10, IEC units powers of 2.
@@ -135,16 +131,11 @@ class Chunking:
         validate_chunking(setting)
         self.setting = setting
         self._chunks = None if setting == "auto" else setting
-        self._decided = setting != "auto"
+        self.decided = setting != "auto"  # False until chunking="auto" has made its start-up choice
         self.reason = "" if setting == "auto" else "set by the user"
         self.trials: list[Trial] = []
         self.workload: cost_model.Workload | None = None
         self.rates: cost_model.HostRates | None = None
-
-    @property
-    def decided(self) -> bool:
-        """False until chunking="auto" has made its start-up choice."""
-        return self._decided
 
     def in_use(self):
         """The chunking the next traced step uses ("none", a count or a size)."""
@@ -165,7 +156,7 @@ class Chunking:
         self.trials.append(trial)
 
     def decide(self, chunks: int, reason: str) -> None:
-        self._chunks, self.reason, self._decided = chunks, reason, True
+        self._chunks, self.reason, self.decided = chunks, reason, True
 
     # -- read by explain() ---------------------------------------------
     def explain_lines(self) -> list[str]:
@@ -187,6 +178,6 @@ class Chunking:
                 lines.append(f"  {trial.chunks:>6} {c.step * 1e3:10.2f} {measured} {c.compute * 1e3:9.2f} "
                              f"{c.transfer * 1e3:9.2f} {c.host_reduce * 1e3:8.2f} {c.host_update * 1e3:8.2f} "
                              f"{c.exposed * 1e3:8.2f}")
-        state = "" if self._decided else " (deciding during the first steps)"
+        state = "" if self.decided else " (deciding during the first steps)"
         lines.append(f"  chunks in use: {self.in_use()}{state}" + (f" — {self.reason}" if self.reason else ""))
         return lines

@@ -5,7 +5,7 @@ TensorFlow's own start-up waits for every worker without a limit and cannot
 be interrupted; a worker started with a wrong TF_CONFIG or a busy port would
 hang or fail with an error naming nothing. Here each of those is named, and
 the wait ends after TF_GLP_CLUSTER_TIMEOUT seconds (multi_worker_strategy.py starts
-the cluster through `start`).
+the cluster through `starting`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def cluster_timeout_s() -> float:
     return positive_env("TF_GLP_CLUSTER_TIMEOUT", DEFAULT_CLUSTER_TIMEOUT_S, what="a number of seconds > 0")
 
 
-def check_tf_config(text: str) -> dict:
+def check_tf_config(text: str) -> None:
     """Parses TF_CONFIG and checks what a worker needs from it, with an
     error that names the problem (TensorFlow's own errors come later, and
     some as hangs)."""
@@ -66,8 +66,7 @@ def check_tf_config(text: str) -> dict:
     if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
         raise ValueError(f"TF_CONFIG must be a JSON object with a 'cluster' object, got {text!r}")
     cluster, task = config["cluster"], config.get("task")
-    workers = [job for job in ("chief", "worker") if job in cluster]
-    if not workers:
+    if "chief" not in cluster and "worker" not in cluster:
         raise ValueError(f"TF_CONFIG's cluster has no 'worker' or 'chief' job: {cluster!r}")
     for job, addresses in cluster.items():
         if not isinstance(addresses, list) or not addresses:
@@ -87,7 +86,6 @@ def check_tf_config(text: str) -> dict:
     if not isinstance(index, int) or not 0 <= index < len(cluster[task["type"]]):
         raise ValueError(f"TF_CONFIG's task index {index!r} is out of range for job {task['type']!r} "
                          f"with {len(cluster[task['type']])} tasks")
-    return config
 
 
 def resolve_cluster(cluster_resolver=None):
@@ -164,10 +162,9 @@ os.kill(parent, signal.SIGKILL)
 
 @contextlib.contextmanager
 def _bounded_start(peers: list[str], timeout_s: float):
-    """Bounds TensorFlow's cluster start-up, which waits for every worker
-    without a limit and cannot be interrupted (it holds the GIL and ignores
-    SIGTERM while it waits): past `timeout_s`, a watchdog process prints
-    which workers did not answer and kills this one."""
+    """Past `timeout_s`, a watchdog process (`_WATCHDOG`) prints which
+    workers did not answer and kills this one (SIGKILL: the start-up's wait
+    ignores SIGTERM)."""
     watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(timeout_s),
                                  json.dumps(peers)], stdin=subprocess.PIPE)
     try:

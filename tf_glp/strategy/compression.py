@@ -7,9 +7,8 @@ wire dtype directly (then nothing is decoded: they accumulate in float32
 as they read). Only gradient sums are compressed; metrics and losses stay
 exact (HostCrossDeviceOps.reducing_gradients).
 
-Adding a scheme (int8 with a scale, top-k with error feedback): a class here
-registered in SCHEMES, the native kernels it needs if the host should read
-its wire format directly, and its tests.
+Adding a scheme (int8 with a scale, top-k with error feedback):
+docs/building.md (Compression schemes).
 """
 
 from __future__ import annotations

@@ -24,10 +24,7 @@ The concepts (all compute the same update, up to the order of a sum):
   MirroredStrategy's concept. Only update="auto" runs it (the user's way
   to ask for it is MirroredStrategy).
 
-Adding a concept: a subclass here (how it sums, where its step runs, what
-it moves on paper), registered in CONCEPTS; update="auto" then measures it
-(update_choice.py) and the compare tool offers it (tf_glp/bench/), with no
-other file touched unless the concept needs a new extended object.
+Adding a concept: docs/building.md (Update concepts).
 """
 
 from __future__ import annotations

@@ -10,9 +10,8 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 
 from tf_glp.ops import host_reduce
+from tf_glp.ops._common import FLOAT_DTYPES
 from tf_glp.strategy import compression as compression_lib
-
-_HOST_REDUCE_DTYPES = (tf.float32, tf.bfloat16, tf.float16)
 
 
 def local_components(value) -> list[tf.Tensor]:
@@ -29,16 +28,17 @@ def is_sparse(value) -> bool:
     return any(isinstance(part, tf.IndexedSlices) for part in parts)
 
 
-def concat_on_host(parts: Sequence, reduce_op, host_device: str) -> tf.IndexedSlices:
-    """The replicas' IndexedSlices as one, on the host: their rows
-    concatenated in replica order (values divided by N for a mean), as
-    TensorFlow's ReductionToOneDevice does.
+def concat_on_host(value, reduce_op, host_device: str) -> tf.IndexedSlices:
+    """The replicas' IndexedSlices of a (distributed) value as one, on the
+    host: their rows concatenated in replica order (values divided by N for
+    a mean), as TensorFlow's ReductionToOneDevice does.
 
     Kept sparse, not summed into a dense tensor: Keras 3's optimizers treat an
     IndexedSlices gradient slice by slice (Adam squares each slice before
     duplicates are added), so densifying would change what the model learns
     compared with one device and with MirroredStrategy.
     """
+    parts = value.values if isinstance(value, tf.distribute.DistributedValues) else [value]
     with tf.device(host_device):
         slices = [p if isinstance(p, tf.IndexedSlices) else tf.IndexedSlices(
             tf.reshape(p, [-1, *p.shape[1:]]), tf.range(tf.shape(p)[0]), tf.shape(p, out_type=tf.int64))
@@ -61,12 +61,10 @@ def reduce_on_host(parts: Sequence[tf.Tensor], reduce_op: tf.distribute.ReduceOp
     types (float32 accumulation), tf.add_n for any other dtype."""
     op = "mean" if reduce_op == tf.distribute.ReduceOp.MEAN else "sum"
     with tf.device(host_device):
-        if parts[0].dtype in _HOST_REDUCE_DTYPES:
+        if parts[0].dtype in FLOAT_DTYPES:
             return tf.cast(host_reduce(parts, op=op, output_dtype=tf.float32), out_dtype)
         total = tf.add_n(list(parts))
-        if op == "mean":
-            total = total / tf.cast(len(parts), total.dtype)
-        return total
+        return _divide(total, len(parts), host_device) if op == "mean" else total
 
 
 class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
@@ -96,7 +94,6 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
                  chunk_plan: Callable[[list[int]], list[list[int]]] | None = None):
         super().__init__()
         self.host_device = host_device
-        self.compression = compression
         self.scheme = compression_lib.get(compression)  # (ValueError naming the known schemes)
         self.chunk_plan = chunk_plan
         # Sums a chunk's host results across the workers, one collective per
@@ -168,10 +165,8 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
         for chunk in self.in_chunks(parts):
             reduced = {}
             for k in chunk:
-                value = values[present[k]]
                 if k in sparse:
-                    replicas = value.values if isinstance(value, tf.distribute.DistributedValues) else [value]
-                    reduced[k] = concat_on_host(replicas, local_op, self.host_device)
+                    reduced[k] = concat_on_host(values[present[k]], local_op, self.host_device)
                 else:
                     wire = compression_lib.for_host(parts[k], scheme, self.host_device, overflow=overflow)
                     reduced[k] = reduce_on_host(wire, local_op, parts[k][0].dtype, self.host_device)

@@ -16,11 +16,8 @@ run at the slower count. XLA changes the numbers: it is timed on a scratch
 copy before fit (xla_rounds.py). A way wins with the kit's rule
 (tuning/rule.py, COUNT_GAIN).
 
-Kept as the user wrote it, not measured (`_decide`; docs/strategy.md has
-the list): what compile was given explicitly, the count in a fit with a
-callback that has batch-level hooks (batch_hook_callbacks: Keras would call
-them every N steps), a fit of unknown length, training across workers, with
-micro_batches or run_eagerly.
+Kept as the user wrote it, not measured, in the cases docs/strategy.md
+lists (`_decide`, batch_hook_callbacks).
 
 The ways are set for fit only: when fit ends the user's values and
 functions are back, so evaluate() and predict() run as compiled. Weights,

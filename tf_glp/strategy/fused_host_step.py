@@ -48,8 +48,7 @@ def apply(strategy, optimizer, grads: list, variables: list) -> None:
                 parts = [[total] for total in across([host_reduce(p, output_dtype=tf.float32) for p in parts])]
             fused.apply(parts, [variables[dense[i]] for i in chunk], increment_iterations=False)
         for i in sparse:
-            replicas = grads[i].values if isinstance(grads[i], tf.distribute.DistributedValues) else [grads[i]]
-            rows = concat_on_host(replicas, tf.distribute.ReduceOp.SUM, host_ops.host_device)
+            rows = concat_on_host(grads[i], tf.distribute.ReduceOp.SUM, host_ops.host_device)
             if across and not summed:
                 rows = across([rows])[0]
             _apply_sparse_update(strategy, optimizer, rows, variables[i])

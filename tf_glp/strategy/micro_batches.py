@@ -179,8 +179,7 @@ def scale_for_distribution(original, inverse: bool):
         step = _current()
         if step is None:
             return original(value)
-        m = step.micro_batches
-        factor = float(m) if inverse else 1.0 / m
+        factor = float(step.micro_batches) if inverse else 1.0 / step.micro_batches
         return keras.ops.multiply(value, keras.ops.cast(factor, value.dtype))
     return scaled
 
@@ -231,12 +230,9 @@ def _share_index(strategy):
 
 def train_step(model, data, strategy):
     """Keras' train_step (keras/src/backend/tensorflow/trainer.py), run on
-    each of this replica's micro-batches in turn. One merge then combines,
-    in micro-batch order on the host: the gradients (the optimizer step),
-    BatchNormalization's moments (its moving averages), the losses and the
-    global batch's targets and predictions, with which every replica
-    updates its metrics identically (Note [Micro-batches]); compute_metrics
-    gets x=None (the inputs are not gathered)."""
+    each of this replica's micro-batches in turn; one merge (`_apply`) then
+    combines them as Note [Micro-batches] says. compute_metrics gets x=None
+    (the inputs are not gathered)."""
     m = strategy.micro_batches
     pieces = m // strategy.num_replicas_in_sync
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -333,9 +329,7 @@ def combine(strategy, shared) -> dict:
         leaves = [tf.nest.flatten(value) for value in per_step]
         if all(leaf is None for leaves_j in leaves for leaf in leaves_j):
             return None
-        columns = []
-        for i in range(len(leaves[0])):
-            columns.append(tf.concat(on_host([leaves_j[i] for leaves_j in leaves]), 0))
+        columns = [tf.concat(on_host(list(column)), 0) for column in zip(*leaves)]
         return tf.nest.pack_sequence_as(per_step[0], columns)
 
     # Unequal micro-batches (a last, partial batch that does not divide by
@@ -382,19 +376,16 @@ def _in_order(strategy, per_step: list) -> list:
     merge), as [replica 0's micro-batches..., replica 1's, ...]: micro-batch
     order (Note [Micro-batches]). Across workers, every worker's, gathered
     (one collective) and put in micro-batch order: see _share_index."""
-    out = []
-    for r in range(len(strategy.extended.worker_devices)):
-        for value in per_step:
-            local = strategy.experimental_local_results(value)
-            out.append(local[r] if len(local) > 1 else local[0])
+    count_r = len(strategy.extended.worker_devices)
+    results = [strategy.experimental_local_results(value) for value in per_step]
+    out = [local[r] if len(local) > 1 else local[0] for r in range(count_r) for local in results]
     workers = strategy._host_ops.across_workers
     if workers is None:
         return out
-    count_w, count_r, pieces = workers.num_workers, len(strategy.extended.worker_devices), len(per_step)
+    count_w, pieces = workers.num_workers, len(per_step)
     if any(value is None for value in out):  # (a variable without gradients: the same on every worker)
         return [None] * (count_w * len(out))
-    host = strategy.host_device
-    with tf.device(host):
+    with tf.device(strategy.host_device):
         every = tf.unstack(workers.gather(tf.stack([tf.identity(value) for value in out])), num=count_w * len(out))
     # every[(w * R + r) * P + j] is worker w's replica r's j-th micro-batch,
     # which is micro-batch (r * W + w) * P + j: taken share by share.
@@ -409,9 +400,8 @@ def in_micro_batch_order(strategy, gradients_per_step: list) -> list:
     """Per variable, its M gradients in micro-batch order, from the merge's
     per-replica values: gradients_per_step[j][i] is variable i's gradient of
     each replica's j-th micro-batch. None where a variable has no gradient."""
-    count = len(gradients_per_step[0]) if gradients_per_step else 0
     out = []
-    for i in range(count):
-        ordered = _in_order(strategy, [step[i] for step in gradients_per_step])
+    for column in zip(*gradients_per_step):
+        ordered = _in_order(strategy, list(column))
         out.append(None if any(g is None for g in ordered) else ordered)
     return out

@@ -63,8 +63,7 @@ class WorkerSum:
         worker), concatenated along axis 0 in worker order: one collective."""
         with tf.device(self.host_device):
             value = tf.identity(value)
-        result = compat.gather(self._collective_ops, value, value, 0,
-                                      tf.distribute.experimental.CommunicationOptions())
+        result = compat.gather(self._collective_ops, value, value, 0, tf.distribute.experimental.CommunicationOptions())
         return result.values[0] if isinstance(result, tf.distribute.DistributedValues) else result
 
 
@@ -98,11 +97,9 @@ class CollectiveHostExtended(compat.collective_extended_class()):
         return names, kinds.pop() if len(kinds) == 1 else "CPU"
 
     def _get_variable_creator_initial_value(self, replica_id, device, primary_var, **kwargs):
-        def create(**arguments):
-            return compat.collective_initial_value(self, **arguments)
-
-        if replica_id != 0 or self.num_workers == 1:
-            return create(replica_id=replica_id, device=device, primary_var=primary_var, **kwargs)
+        if replica_id != 0 or self._glp_worker.num_workers == 1:
+            return compat.collective_initial_value(self, replica_id=replica_id, device=device,
+                                                   primary_var=primary_var, **kwargs)
 
         def initial_value_fn():
             # Checked before the chief broadcasts it: a broadcast between
@@ -117,8 +114,8 @@ class CollectiveHostExtended(compat.collective_extended_class()):
                     [zlib.crc32(signature.encode())],
                     f"the workers create variable {kwargs.get('name')!r} with different shapes or dtypes "
                     f"(here: {signature}): were they started with different models?", device)
-            return create(replica_id=replica_id, device=device, primary_var=primary_var,
-                          **dict(kwargs, initial_value=value))()
+            return compat.collective_initial_value(self, replica_id=replica_id, device=device,
+                                                   primary_var=primary_var, **dict(kwargs, initial_value=value))()
 
         return initial_value_fn
 
@@ -151,10 +148,6 @@ class CollectiveHostExtended(compat.collective_extended_class()):
     def _gather_to_implementation(self, value, destinations, axis, options):
         ops = self._glp_host_collective_ops if compat.reduces_on_host(self, value) else self._glp_collective_ops
         return compat.gather(ops, value, destinations, axis, options)
-
-    @property
-    def num_workers(self) -> int:
-        return self._glp_worker.num_workers
 
 
 class MultiWorkerHostExtended(HostUpdateExtended, CollectiveHostExtended):

@@ -61,7 +61,7 @@ class OptimizerStepChoice:
         training (or before, where the steps per execution measure first)."""
         return [] if self.decided(model.optimizer) else [OptimizerStepDecision(self)]
 
-    def decide(self, model: keras.Model, trials: int = 5) -> bool:
+    def decide(self, model: keras.Model) -> bool:
         """Measures (or keeps) the choice for `model`'s optimizer and sets it
         on the optimizer. True if its step changed (the train function must
         then be traced anew)."""
@@ -76,7 +76,7 @@ class OptimizerStepChoice:
             if stored is not None:
                 self.record = {**{k: v for k, v in stored.items() if k != "key"}, "source": f"reused {path}"}
             else:
-                native, fused = optimizer_step.time_updates(optimizer, model.trainable_variables, trials)
+                native, fused = optimizer_step.time_updates(optimizer, model.trainable_variables)
                 self.record = optimizer_step.record(optimizer, native, fused, model.trainable_variables)
                 if path:
                     store.write_entry(path, key, self.record, store.OPTIMIZER_STEPS, _valid_step, WHO)

@@ -51,11 +51,10 @@ class Strategy(tf.distribute.Strategy):
     (update="auto"), all MirroredStrategies; across workers a
     `MultiWorkerHostStrategy` or `MultiWorkerReplicaStrategy`; or on a
     machine without GPUs, unless replicas are asked for, a
-    `SingleDeviceStrategy` (one device, plain Keras' path with the fused
-    optimizer update where it measures faster: logical CPU replicas share
-    the same cores and could only add work); all are instances of
-    `tf_glp.Strategy`. A class constructed directly runs its own update
-    concept (update="auto", the default, means that one; another raises).
+    `SingleDeviceStrategy` (one device: one_device_strategy.py); all are
+    instances of `tf_glp.Strategy`. A class constructed directly runs its
+    own update concept (update="auto", the default, means that one; another
+    raises).
 
     Args:
         devices: Compute devices. Default: all GPUs; without GPUs, one
@@ -329,9 +328,7 @@ class Strategy(tf.distribute.Strategy):
         """Whether Keras passes the gradients untouched to the fused update
         (no unscaling, clipping or accumulation first): then the fused pass
         reads each replica's gradient itself and sums it on the fly."""
-        if loss_scaled or not self._fuses_update(optimizer, variables):
-            return False
-        if changes_gradients(optimizer) is not None:
-            return False
-        return not any(getattr(v, "overwrite_with_gradient", False) for v in variables)
+        return (not loss_scaled and self._fuses_update(optimizer, variables)
+                and changes_gradients(optimizer) is None
+                and not any(getattr(v, "overwrite_with_gradient", False) for v in variables))
 

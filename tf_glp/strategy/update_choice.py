@@ -14,12 +14,11 @@ interleaved rounds of a few steps on the user's first batch (this machine's
 speed drifts by phases of seconds: interleaving keeps a drift from deciding),
 each round about ROUND_S long, a candidate clearly slower than "host" after
 DROP_AFTER rounds not timed further. The default ("host") stays unless
-another candidate is faster beyond the spread (its upper quartile below
-host's lower quartile, and at least 1.05x faster by the medians: the
-optimizer-step choice's rule). Then every variable gets its value back, the
-metrics are reset, the user's optimizer (never stepped) is built under the
-chosen concept by fit as usual, and fit traces its train function once
-more: one retrace in all, on top of the candidates' traces.
+another candidate beats it by the kit's rule (tuning/rule.py, CONCEPT_GAIN).
+Then every variable gets its value back, the metrics are reset, the user's
+optimizer (never stepped) is built under the chosen concept by fit as
+usual, and fit traces its train function once more: one retrace in all, on
+top of the candidates' traces.
 
 Where the replicas are GPUs, a copy of the model (its architecture and
 compile settings, new weights and optimizer) is also timed on the first
@@ -33,11 +32,8 @@ optimizer built before the first fit (its state already lives where "host"
 puts it), inputs that cannot be read twice (Python generators, PyDatasets),
 and an optimizer that cannot be copied from its config.
 
-The choice and its times go to the plan store (tf_glp/tuning/store.py; by
-default the user's cache), reused by the next run with the same key (the
-machine and versions, devices, global batch, compression, the model's
-trainable shapes, the optimizer). A model with no entry for this key is
-measured and added.
+The choice and its times go to the plan store's "plans" section
+(tuning/store.py), keyed also by compression.
 """
 
 from __future__ import annotations

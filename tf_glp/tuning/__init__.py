@@ -2,9 +2,7 @@
 share, and the interface each implements.
 
 - rule.py: the one win rule, with each choice's threshold named;
-- rounds.py: fit's first batch, every variable kept around a scratch
-  measurement, the wait for a step's outputs, an error's gist, the line fit
-  prints once;
+- rounds.py: what the choices share to time ways on the user's model;
 - store.py: the plan store (one cache per user and machine).
 
 The choices (StartupChoice), in the order tf_glp/strategy/fit_setup.py runs

@@ -37,10 +37,7 @@ AUTO = "auto"
 ENVIRONMENT = "TF_GLP_CACHE_DIR"
 FILE_NAME = "strategy_plans.json"
 LAYER_PLANS = "layer_plans"
-# The sections, one per start-up choice kept here: the update concept
-# (update_choice.py), the steps per execution (execution_choice.py), the
-# one-device optimizer step (one_device_strategy.py), chunking="auto" on
-# GPUs (chunking_decision.py).
+# The sections, one per start-up choice kept here (tuning/__init__.py lists them).
 PLANS, EXECUTIONS, OPTIMIZER_STEPS, CHUNKINGS = "plans", "executions", "optimizer_steps", "chunkings"
 SECTIONS = (PLANS, EXECUTIONS, OPTIMIZER_STEPS, CHUNKINGS)
 # The key fields that say which model an entry is for; the others say where
@@ -127,13 +124,10 @@ def write_json(path: str, data) -> None:
 
 def cpu_model() -> str:
     """The CPU's model name (Linux), else what Python's platform module says."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
 
 
