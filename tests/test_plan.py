@@ -95,12 +95,13 @@ def test_table_shows_an_optimizer_record_without_timings(tmp_path):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps({**_plan().to_json(), "optimizer": {"choice": "native"}}))
     plan = plan_lib.read(str(path))  # from_json asks only for the choice
-    assert plan_lib.table(plan).splitlines()[-1] == "optimizer step: native"
+    assert plan_lib.table(plan).splitlines()[-1] == "optimizer step: Keras' own"
     plan.optimizer["reason"] = "fused not faster"
-    assert plan_lib.table(plan).splitlines()[-1] == "optimizer step: native (fused not faster)"
-    plan.optimizer.update(optimizer_class="Adam", native_ms=2.0, fused_ms=1.0)
-    assert plan_lib.table(plan).splitlines()[-1] == ("optimizer step (Adam): Keras 2.000 ms, fused 1.000 ms -> "
-                                                     "native (fused not faster)")
+    assert plan_lib.table(plan).splitlines()[-1] == "optimizer step: Keras' own (fused not faster)"
+    plan.optimizer.update(optimizer_class="Adam", native_ms=2.0, fused_ms=1.0, timed_parameters=10, parameters=10,
+                          choice="fused", reason="1.9x faster")
+    assert plan_lib.table(plan).splitlines()[-1] == ("optimizer step: tf_glp's fused update (Adam, 1.9x faster; "
+                                                     "timed on 10 of 10 parameters: Keras 2.000 ms, fused 1.000 ms)")
 
 
 def test_cli_show(tmp_path, capsys):

@@ -5,7 +5,7 @@ calls `library()`, which loads `_tf_glp_ops.so` once with
 `tf.load_op_library`. If the file is missing, fails to load, or was built
 against another TensorFlow minor version (custom ops are tied to
 TensorFlow's C++ ABI), tf_glp warns once and every op uses its pure-TensorFlow
-fallback, which computes the same numbers.
+fallback, which computes the same numbers to rounding (docs/numerics.md).
 
 Environment:
     TF_GLP_NATIVE=0   never load; use the fallbacks.
@@ -152,7 +152,7 @@ def native_available() -> NativeStatus:
     Example:
         >>> import tf_glp
         >>> if not tf_glp.native_available():
-        ...     print("slower path:", tf_glp.native_available().reason)
+        ...     print("pure-TensorFlow fallback:", tf_glp.native_available().reason)
     """
     _ensure_loaded()
     assert _Loaded.state is not None

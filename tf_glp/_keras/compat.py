@@ -1,8 +1,7 @@
 """What tf_glp reads, calls or subclasses of Keras' and TensorFlow's private internals.
 
-The boundary's reading half (tf_glp/_keras/; patches.py is the patching
-half): nothing outside this package imports a private module or touches a
-private attribute (tests/test_keras_boundary.py).
+The boundary's reading half (tf_glp/_keras/__init__.py): nothing outside this
+package imports a private module or touches a private attribute.
 
 Written for Keras 3.15 and TensorFlow 2.21 (WRITTEN_FOR; pyproject.toml pins
 both). Each class-level internal is listed in INTERNALS with what tf_glp uses
@@ -11,8 +10,8 @@ tests/test_keras_compat.py fails loudly on any of them, and on the
 instance-level ones (an optimizer's slot lists, and the instance attributes
 the accessors below read or set) built from real Keras objects; the
 multi-worker ones are checked by tests/strategy/test_multi_worker.py.
-`require_internals()`, called when the first tf_glp.Strategy is created,
-raises instead of letting tf_glp run half-patched.
+`require_internals()` (patches.install() calls it) raises instead of
+letting tf_glp run half-patched.
 
 host_strategy.py, multi_worker_strategy.py and one_device_strategy.py
 (with host_copies.py's HostUpdateExtended mixin) subclass TensorFlow's

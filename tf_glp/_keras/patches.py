@@ -7,8 +7,7 @@ compat.INTERNALS' "patched:" entries, plus each keras.optimizers class's own
 tf_glp.Strategy, and then calls the hooks StrategyHooks writes down.
 install() runs once, when the first tf_glp.Strategy is created (or the
 start-up profiler first chooses the fused update), after
-compat.require_internals() (which raises, naming what changed, if Keras
-lacks a wrapped method).
+compat.require_internals().
 """
 
 from __future__ import annotations
@@ -271,8 +270,6 @@ def _install_loss_scale_hook() -> None:
 
 def _install_model_hooks() -> None:
     def with_bound_arguments(prepare):
-        # Calls prepare(strategy, model, arguments) with the arguments bound
-        # to the original's signature, then the original with them.
         def make_wrapper(original):
             signature = inspect.signature(original)
 
@@ -286,9 +283,6 @@ def _install_model_hooks() -> None:
             return wrapper
         return make_wrapper
 
-    # compile: replicas: no XLA around the host ops; one device: what the user
-    # set, kept by the steps-per-execution choice. fit: checks; callbacks added
-    # or upgraded.
     compile_wrapper = with_bound_arguments(lambda strategy, m, a: strategy._prepare_compile(m, a))
     fit_wrapper = with_bound_arguments(lambda strategy, m, a: strategy._prepare_fit(m, a))
 
@@ -320,11 +314,9 @@ def _install_model_hooks() -> None:
 
 
 def install_micro_batch_wrappers(seed_next, batch_norm_moments, scale_for_distribution) -> None:
-    """Wraps what a micro-batched step changes (tf_glp/strategy/micro_batches.py
-    gives the wrappers, each a no-op outside such a step): Keras'
-    train_step (the strategy's own step under micro_batches=M),
-    SeedGenerator.next, BatchNormalization._moments and Keras'
-    (un)scale_loss_for_distribution. Once."""
+    """Wraps what a micro-batched step changes, once
+    (tf_glp/strategy/micro_batches.py gives the wrappers, each a no-op outside
+    such a step)."""
     global _micro_batch_wrappers_installed
     install()
     with _lock:

@@ -143,9 +143,8 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
             write_summaries(self.plan, self.log_dir)
 
     def _choose_optimizer_step(self) -> bool:
-        """Keras' update or the fused native one, whichever measures faster
-        (tf_glp.profiling.optimizer_step), recorded in the plan; reused from
-        a matching plan. True if the optimizer's step changed."""
+        """Chooses the optimizer step (the `optimizer_step` argument), reused
+        from a matching plan; True if the optimizer's step changed."""
         ok, _ = optimizer_step.eligible(self.model)
         if not (ok and self.optimizer_step):
             return False
@@ -197,8 +196,7 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
 
 
 def write_summaries(plan: plan_lib.Plan, log_dir: str, step: int = 0) -> None:
-    """The plan in TensorBoard: table (text, with the notes), chart (image),
-    levels (scalars)."""
+    """The plan in TensorBoard (ConcurrencyProfiler's `log_dir`)."""
     writer = tf.summary.create_file_writer(log_dir)
     with writer.as_default(step=step):
         tf.summary.text("tf_glp/concurrency_plan", "```\n" + plan_lib.table(plan) + "\n```")

@@ -10,9 +10,8 @@ of a whole model.
 
 Under the mixed_float16 / mixed_bfloat16 policies the concurrent ops run in
 the compute dtype (float32 accumulation, one rounding; Note [16-bit layers]).
-Layers that the concurrent ops cannot run (channels_first, groups > 1, a
-compute dtype other than float32 / float16 / bfloat16, LoRA or quantization)
-run the Keras kernel, whatever `concurrency` says.
+Layers that the concurrent ops cannot run (see is_eligible) run the Keras
+kernel, whatever `concurrency` says.
 """
 
 from __future__ import annotations
@@ -122,8 +121,7 @@ _DTYPES = ("float32", "float16", "bfloat16")
 
 
 def _concurrent_dtype(inputs, layer) -> bool:
-    """Inputs in the layer's compute dtype, one the concurrent ops take
-    (float16 / bfloat16: computed in float32, rounded once)."""
+    """Inputs in the layer's compute dtype, one the concurrent ops take."""
     dtype = getattr(inputs, "dtype", None)
     return dtype is not None and dtype.name == layer.compute_dtype and layer.compute_dtype in _DTYPES
 

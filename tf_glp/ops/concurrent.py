@@ -11,9 +11,8 @@ precision) are computed in float32 and rounded once to their dtype (Note
 [16-bit layers] in cc/tf/kernels/concurrent_kernels.h).
 
 Without the native library (see tf_glp._native) the ops run pure TensorFlow
-(im2col by `tf.gather` + `tf.matmul`, and their gradients; Note [The fallback
-avoids TensorFlow's convolutions]), which ignores `concurrency` and agrees
-with the native ops to float32 rounding.
+(Note [The fallback avoids TensorFlow's convolutions]), which ignores
+`concurrency` and agrees with the native ops to float32 rounding.
 """
 
 from __future__ import annotations

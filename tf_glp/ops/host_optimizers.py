@@ -273,11 +273,9 @@ HOST_UPDATES = (
                ("learning_rate", "1 - beta_2", "1 - beta_2^t", "epsilon", "1 - beta_1", "beta_1", "1 / beta_1",
                 "1 - 1/t", "1/t"),
                _schedule_free_adamw),
-    # Its norms are sums over the variable, in another order than TensorFlow's
-    # (Note [Per-variable norms] in cc/core/update_formulas.h).
     HostUpdate("lamb", ("m", "v"), ("learning_rate", "1 - beta_1", "1 - beta_2", "1 - beta_1^t", "1 - beta_2^t",
                                     "epsilon"), _lamb, exact=False, norms=True),
-    # Row and column means, and rms(var), rms(u_t): sums too.
+    # Row and column means, and rms(var), rms(u_t): sums over the variable.
     HostUpdate("adafactor", ("r", "c", "v"),
                ("rho_t", "beta_2_t", "1 - beta_2_t", "epsilon_1", "epsilon_2", "clip_threshold"), _adafactor,
                exact=False, norms=True, factored=True),

@@ -240,7 +240,6 @@ KERAS_UPDATE_ONLY: dict[str, str] = {
 }
 
 
-# The fused optimizers' names for messages and docs, e.g. "SGD, Adam and AdamW".
 FUSED_OPTIMIZERS: str = " and ".join(", ".join(row.name for row in FUSED_OPTIMIZER_TABLE).rsplit(", ", 1))
 
 

@@ -11,17 +11,15 @@ inside Keras' own `apply` (clipping, EMA, constraints and the step counter
 stay Keras'), through the `_backend_update_step` patch of
 tf_glp/_keras/patches.py; `use_fused_update` turns it on for one optimizer.
 
-Timing: a copy of the optimizer (from its config) on scratch variables of
-the model's shapes, at most MAX_TIMED_PARAMETERS of them (the model and its
-optimizer are not touched), both
-updates traced once, then timed by the host clock in interleaved rounds; a
-round's call returns once the update has written the variables. A small
-model's update takes a fraction of a millisecond, where a few rounds are
-mostly the clock's and the call's jitter: their interquartile ranges
-overlapped and a faster update went untaken (1.15x-1.35x by the medians on
-the 64-32-10 MLP, whose fit it runs in about 18% less time). Short updates
-run more rounds, up to ROUNDS_BUDGET_S of them, which costs less than the
-two traces.
+Timing: a copy of the optimizer (from its config) on scratch variables of the
+model's shapes, at most MAX_TIMED_PARAMETERS of them (the model and its
+optimizer are not touched), both updates traced once, then timed by the host
+clock in interleaved rounds; a round's call returns once the update has written
+the variables. A small model's update takes a fraction of a millisecond, where
+a few rounds are mostly the clock's and the call's jitter: their interquartile
+ranges overlapped and a faster update went untaken (1.15x-1.35x by the medians
+on the 64-32-10 MLP, whose fit it runs in about 18% less time), so short
+updates run more rounds (ROUNDS_BUDGET_S).
 """
 
 from __future__ import annotations

@@ -2,9 +2,6 @@
 
     python -m tf_glp.plan show PLAN.json [--plot out.png]
 
-(ConcurrencyProfiler prints where it wrote the plan: by default a file in
-the user's cache, tf_glp/tuning/store.py.)
-
 A plan is JSON: a header that decides whether it can be reused (schema,
 the machine and versions as the plan store keys them, device, batch size) and
 one entry per layer (name, class, input shape, dtype, every candidate's
@@ -61,8 +58,7 @@ class Plan:
     # {"optimizer_class", "choice": "native" | "fused", "reason", "native_ms", "fused_ms",
     # "timed_parameters", "parameters"}, or None.
     optimizer: dict | None = None
-    # The convolution and dense layers the profiler left as they are, and
-    # why: [{"name", "layer_class", "reason"}] (tf_glp.profiling.profiler.layers_to_profile).
+    # The layers the profiler left as they are, and why (profiler.layers_to_profile).
     left_alone: list[dict] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -149,7 +145,7 @@ def read(path: str) -> Plan:
 
 
 def write(plan: Plan, path: str) -> None:
-    """Writes atomically: a reader sees the old plan or the new one, never half."""
+    """Writes atomically (store.write_json)."""
     store.write_json(path, plan.to_json())
 
 
@@ -171,17 +167,23 @@ def table(plan: Plan) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
-    step = plan.optimizer
-    if step and all(key in step for key in ("optimizer_class", "native_ms", "fused_ms", "reason")):
-        sample = (f" on {step['timed_parameters']:,} of {step['parameters']:,} parameters"
-                  if step.get("timed_parameters", step.get("parameters")) != step.get("parameters") else "")
-        lines.append(f"optimizer step ({step['optimizer_class']}{sample}): Keras {step['native_ms']:.3f} ms, fused "
-                     f"{step['fused_ms']:.3f} ms -> {step['choice']} ({step['reason']})")
-    elif step:  # a record without its timings (from_json asks only for the choice)
-        lines.append(f"optimizer step: {step['choice']}" + (f" ({step['reason']})" if step.get("reason") else ""))
+    if plan.optimizer:
+        lines.append(optimizer_line(plan.optimizer))
     lines += [f"left as it is: {entry['name']} ({entry['layer_class']}): {entry['reason']}"
               for entry in plan.left_alone]
     return "\n".join(lines + [f"{note}" for note in plan.notes])
+
+
+def optimizer_line(record: dict) -> str:
+    """An optimizer-step record (optimizer_step.record, its timings optional)
+    as `plan show` and a one-device tf_glp.Strategy's explain() print it."""
+    chosen = "tf_glp's fused update" if record.get("choice") == "fused" else "Keras' own"
+    said = ", ".join(str(record[key]) for key in ("optimizer_class", "reason") if record.get(key))
+    if all(key in record for key in ("native_ms", "fused_ms", "timed_parameters", "parameters")):
+        said += (f"; timed on {record['timed_parameters']:,} of {record['parameters']:,} parameters: Keras "
+                 f"{record['native_ms']:.3f} ms, fused {record['fused_ms']:.3f} ms")
+    said += f"; {record['source']}" if record.get("source") else ""
+    return f"optimizer step: {chosen}" + (f" ({said})" if said else "")
 
 
 def bar_chart(plan: Plan, width: int = 640, bar_height: int = 18):

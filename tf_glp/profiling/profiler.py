@@ -1,10 +1,9 @@
 """Profiling a model's GLP layers at start-up: which layers, at which
 shapes, the plan that is reused or made, and setting the layers from it.
 
-For every eligible layer (Conv2D / Dense computing in float32, float16 or
-bfloat16, channels_last, groups 1), at its real input shape, dtype and
-device: the candidates are TensorFlow's kernel and each lane count up to
-the analytical cap (device_facts.cap_for, concurrency_model.py), timed
+For every eligible layer (tf_glp.layers.is_eligible), at its real input shape,
+dtype and device: the candidates are TensorFlow's kernel and each lane count
+up to the analytical cap (device_facts.cap_for, concurrency_model.py), timed
 forward and backward (timing.py) and chosen by the rule in choice.py.
 
 Profiling reads only the layers' shapes and configuration: weights,

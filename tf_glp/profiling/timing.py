@@ -1,8 +1,6 @@
-"""Timing the layers' candidates: each eligible layer's convolution or
-matrix product, with TensorFlow's kernel and with each lane count, forward
-and backward, at its real shapes and dtype, in one function for the whole
-model (time_layers): WARMUP untimed rounds, then the timed ones.
-"""
+"""Timing the layers' candidates (time_layers): each eligible layer's
+convolution or matrix product, with TensorFlow's kernel and with each lane
+count, at its real shapes and dtype."""
 
 from __future__ import annotations
 
@@ -79,9 +77,8 @@ def time_layers(jobs: Sequence[tuple[keras.layers.Layer, Sequence[int], str, Seq
     """Seconds of forward + backward (input and kernel gradients) of each
     job's core op, for each of its concurrencies, per trial.
 
-    Timed by tf.timestamp() inside the graph; under op determinism (which
-    refuses tf.timestamp()) by the host clock instead
-    (_rounds_timed_on_the_host).
+    Timed by tf.timestamp() inside the graph, or by the host clock under op
+    determinism (_rounds_timed_on_the_host).
 
     A job is (layer, input shape, dtype, concurrencies). Every candidate of
     every layer runs in one traced function, one after the other, each

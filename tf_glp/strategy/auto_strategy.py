@@ -1,8 +1,5 @@
-"""tf_glp.Strategy with update="auto" on one machine: one strategy whose
-update concept (concepts.py: "host", "replicas" or TensorFlow's
-"all-reduce") is chosen at the start of the first fit by timing each on the
-user's model and batch (update_choice.py). Until then, and for an optimizer
-built before it, the default concept ("host")."""
+"""tf_glp.Strategy with update="auto" on one machine: the update concept is
+chosen at the start of the first fit (update_choice.py), "host" until then."""
 
 from __future__ import annotations
 

@@ -86,10 +86,9 @@ class ChunkingChoice:
 
 
 def _chiefs(strategy, value: int) -> int:
-    """Across workers, the chief's `value`: every worker's chunks, and so
-    each chunk's sum across workers, must be alike. Every worker comes here
-    at the same point (the start of fit, or the step its phase ends on: the
-    phases count steps)."""
+    """Across workers, the chief's `value` (see the module docstring). Every
+    worker comes here at the same point (the start of fit, or the step its
+    phase ends on: the phases count steps)."""
     agree = getattr(strategy.extended, "agree_with_the_chief", None)
     return agree([value])[0] if agree else value
 

@@ -176,10 +176,7 @@ def _bounded_start(peers: list[str], timeout_s: float):
 
 @contextlib.contextmanager
 def starting(cluster_resolver):
-    """Around TensorFlow's cluster start-up (the multi-worker extended
-    object's constructor): this worker's port checked, the coordination
-    service configured, the wait for the others bounded, a server that
-    cannot start named."""
+    """Around TensorFlow's cluster start-up (the multi-worker extended object's constructor)."""
     addresses = _addresses(cluster_resolver)
     own = addresses.get((cluster_resolver.task_type, cluster_resolver.task_id))
     if own is not None:

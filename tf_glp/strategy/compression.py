@@ -1,11 +1,8 @@
 """Gradient compression: how gradients cross from the replicas to the host.
 
-A scheme states its wire dtype, how a float32 gradient is encoded on its
-replica's device and decoded on the host, whether encoding can overflow,
-and whether the host's ops (host_reduce and the fused update) read the
-wire dtype directly (then nothing is decoded: they accumulate in float32
-as they read). Only gradient sums are compressed; metrics and losses stay
-exact (HostCrossDeviceOps.reducing_gradients).
+A scheme (Compression) says how a float32 gradient crosses to the host,
+which accumulates in float32. Only gradient sums are compressed; metrics
+and losses stay exact (HostCrossDeviceOps.reducing_gradients).
 
 Adding a scheme (int8 with a scale, top-k with error feedback):
 docs/building.md (Compression schemes).
@@ -57,8 +54,7 @@ class Cast16(Compression):
         return tf.cast(part, self.wire_dtype)
 
 
-# bfloat16 has float32's range and cannot overflow; float16's largest finite
-# value is 65504.
+# bfloat16 has float32's range and cannot overflow; float16 can (FLOAT16_MAX).
 SCHEMES: dict[str, Compression] = {scheme.name: scheme for scheme in (
     Cast16("bf16", tf.bfloat16, can_overflow=False),
     Cast16("fp16", tf.float16, can_overflow=True),

@@ -123,9 +123,7 @@ def predict(parameters: int, machine: Machine, state_bytes_per_parameter: int = 
 
 def _cost(concept: concepts.UpdateConcept, machine: Machine, parameters: int,
           state_bytes_per_parameter: int) -> ConceptCost:
-    """The seconds of what `concept` moves on `machine`. The copy back (and
-    what follows it) stays exposed after chunking: the next forward pass
-    needs it."""
+    """The seconds of what `concept` moves on `machine`."""
     traffic = concept.traffic(machine.gpus, parameters, state_bytes_per_parameter)
     pcie = (traffic.pcie_in + traffic.pcie_out) / machine.pcie_bytes_per_s
     link = pcie + traffic.gpu_link / (machine.gpu_link_bytes_per_s or machine.pcie_bytes_per_s)

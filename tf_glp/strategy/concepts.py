@@ -83,9 +83,8 @@ class UpdateConcept:
     settable = True
 
     def sum_gradients(self, strategy, grads: list, loss_scaled: bool) -> list:
-        """The replicas' gradients summed, in the step's merge: on the host.
-        An fp16 overflow in a loss-scaled step becomes inf and skips the step,
-        as loss scaling intends, instead of raising."""
+        """The replicas' gradients summed, in the step's merge: on the host
+        (an fp16 overflow in a loss-scaled step: compression.compress)."""
         return strategy._host_ops.reduce_to_host(grads, gradients=True,
                                                  overflow="propagate" if loss_scaled else "raise")
 

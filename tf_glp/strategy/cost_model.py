@@ -76,9 +76,8 @@ def predict(workload: Workload, rates: HostRates, chunks: int, compute: float | 
     """Predicted components of a step with `chunks` chunks (seconds).
 
     Args:
-        compute: The devices' compute time per step, if known (see the
-            module docstring); None assumes the backward pass hides the work
-            of all chunks but the last.
+        compute: The devices' compute time per step, if known (None: see
+            the module docstring).
     """
     if chunks < 1:
         raise ValueError(f"chunks must be >= 1, got {chunks}")

@@ -138,10 +138,9 @@ class HostCrossDeviceOps(tf.distribute.CrossDeviceOps):
                 self._gradient_scopes -= 1
     def in_chunks(self, parts: Sequence[Sequence[tf.Tensor]], sizes: Sequence[int] | None = None):
         """Yields the chunks of these values' indices (see chunking.py), each
-        with its barrier in place while the caller's loop body runs: the
-        chunk's host work starts once all its inputs exist and depends on
-        nothing else (one value: no barrier). `sizes` (bytes) defaults to
-        the parts' own."""
+        with its barrier (see the class docstring) in place while the
+        caller's loop body runs; one value: no barrier. `sizes` (bytes)
+        defaults to the parts' own."""
         sizes = byte_sizes(parts) if sizes is None else sizes
         chunks = self.chunk_plan(sizes) if self.chunk_plan else [[i] for i in range(len(parts))]
         for chunk in chunks:

@@ -50,8 +50,7 @@ ROUNDS = 5
 # more faster in the first round is taken at once.
 BUDGET = 0.25
 PROBE_WIN = 1.5
-# Without the user's consent XLA is measured (for explain()'s hint) only where
-# its compile and rounds cost at most this part of the fit's time.
+# The part of the fit's time measuring XLA may cost without allow_xla (xla_rounds.py).
 XLA_HINT = 0.02
 # A step of at least this long has no dispatch cost worth removing.
 LONG_STEP_S = 0.04
@@ -323,8 +322,7 @@ def _switch(model, state: ModelExecution, old: Way, new: Way) -> None:
 
 
 class PutBack(keras.callbacks.Callback):
-    """Puts the user's steps_per_execution and jit_compile back when fit
-    ends (evaluate and predict then run as compiled)."""
+    """Puts the user's steps_per_execution and jit_compile back when fit ends."""
 
     def __init__(self, state: ModelExecution, used: Way):
         super().__init__()
@@ -334,18 +332,15 @@ class PutBack(keras.callbacks.Callback):
         _switch(self.model, self._state, self._used, self._state.compiled)
 
 
-# -- the counts, on the real steps --------------------------------------------
 # Note [Counts on the real steps]
 # (What and why: docs/strategy.md, "The counts are measured on your own
 # training steps".) Keras' epoch loop calls fit's train function every
 # `largest` steps; that function is CountRounds, which runs each call's
-# steps at the count being timed (an epoch's shorter last call at the
-# largest where that is traced and 1 did not win), each count on Keras' own
-# train function, traced at its first call (not timed). Count 1 is timed
-# first (LONG_STEP_S or more keeps it); then the largest, 1 and the largest:
-# the first round, two calls of each compared by their means (_weigh); then
-# up to choice.rounds, where budget allows. The weights are count 1's
-# (tested bitwise against the count by hand).
+# steps at the count being timed, on Keras' own train function at that
+# count. Count 1 is timed first (LONG_STEP_S or more keeps it); then the
+# largest, 1 and the largest: the first round, two calls of each compared
+# by their means (_weigh); then up to choice.rounds, where budget allows.
+# The weights are count 1's (tested bitwise against the count by hand).
 def _weigh(choice: ExecutionChoice, fit_steps: int, rest_steps: int, one: list[float], many: list[float],
            largest: int) -> tuple[int | None, str, bool]:
     """After the first round (`one`, `many`: count 1's and the largest's ms

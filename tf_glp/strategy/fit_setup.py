@@ -2,12 +2,9 @@
 fit patch in tf_glp/_keras/patches.py through Strategy._prepare_fit).
 
 - A global batch that does not divide by the replica count (or, with
-  micro_batches, by M) is refused: replicas would get unequal shares and
-  Keras would weight samples unequally. Across workers, every worker must
-  use the same global batch.
-- A plain keras.callbacks.BackupAndRestore becomes tf_glp's (chief-only
-  writes across workers, batch-level resume;
-  tf_glp/callbacks/backup_and_restore.py).
+  micro_batches, by M) is refused: see _check_global_batch. Across
+  workers, every worker must use the same global batch.
+- A plain keras.callbacks.BackupAndRestore becomes tf_glp's (_upgraded).
 - The start-up choices run, in order (startup_choices; the interface:
   tf_glp/tuning/__init__.py).
 """

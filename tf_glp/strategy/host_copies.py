@@ -158,10 +158,7 @@ class HostUpdateExtended:
         return self._write_target(variable) if self.has_host_copy(variable) else variable
 
     def _write_target(self, variable):
-        """The host copy a write to this trainable mirrored variable goes
-        to. Inside a host update it is queued for the copy to the replicas
-        (and a separate host copy refreshed the first time it is met);
-        outside, refreshed."""
+        """The host copy a write to this trainable mirrored variable goes to."""
         if self._glp_pending is None:
             return self.host_copy(variable)
         first_time = all(queued is not variable for queued in self._glp_pending)
@@ -171,9 +168,7 @@ class HostUpdateExtended:
 
     @contextlib.contextmanager
     def host_update(self, keras_variables):
-        """The optimizer step on the host: inside, each of these Keras
-        variables (the trainable ones with a host copy) points at its host
-        copy; at the end each is copied to the replicas."""
+        """The optimizer step on the host for these Keras variables (see the module docstring)."""
         swapped = [(v, inner) for v in {id(v): v for v in keras_variables}.values()
                    if self.has_host_copy(inner := compat.keras_variable_value(v))]
         outer = self._glp_pending

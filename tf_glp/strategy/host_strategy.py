@@ -1,9 +1,5 @@
-"""tf_glp.Strategy with update="host" on one machine (ICPE 2018): the host
-sums the replicas' gradients chunk by chunk and runs the optimizer step once,
-on its copies of the weights (host_copies.py), through the fused native
-update where the optimizer has one (fused_host_step.py); the new weights
-are copied to the replicas.
-"""
+"""tf_glp.Strategy with update="host" on one machine: the "host" concept
+(concepts.py), its fused optimizer step in fused_host_step.py."""
 
 from __future__ import annotations
 
@@ -27,9 +23,7 @@ class HostStrategy(Strategy, tf.distribute.MirroredStrategy, placement=ONE_MACHI
 
 class HostMirroredExtended(HostUpdateExtended, compat.mirrored_extended_class()):
     """MirroredStrategy's extended object with the host homes and updates
-    of update="host" on one machine (host_copies.py). `on_host` says
-    whether the host runs the step now (update="auto" switches concepts;
-    default: always)."""
+    of update="host" on one machine (host_copies.py, which describes `on_host`)."""
 
     def __init__(self, container_strategy, devices, cross_device_ops, host_device: str, on_host=None):
         super().__init__(container_strategy, devices=devices, cross_device_ops=cross_device_ops)

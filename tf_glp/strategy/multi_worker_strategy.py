@@ -210,9 +210,7 @@ class MultiWorkerReplicaStrategy(MultiWorkerKerasFixes, Strategy, tf.distribute.
 class MultiWorkerHostStrategy(MultiWorkerReplicaStrategy, placement=WORKERS,
                               serves=(concepts.HOST, concepts.AUTO)):
     """tf_glp.Strategy with update="host" across workers (see the module
-    docstring): every worker's host holds the optimizer state and applies
-    the same update from the cross-worker sums to its host copies.
-    update="auto" across workers runs this concept, not measured yet
-    (explain() says so)."""
+    docstring). update="auto" across workers runs this concept, not
+    measured yet (explain() says so)."""
 
     _extended_class = MultiWorkerHostExtended

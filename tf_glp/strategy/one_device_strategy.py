@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from tf_glp._keras import compat
 from tf_glp.ops.keras_fused import fused_optimizer
-from tf_glp.profiling import optimizer_step
+from tf_glp.profiling import optimizer_step, plan as plan_lib
 from tf_glp.strategy import concepts
 from tf_glp.strategy.strategy import HOST_DEVICE, ONE_DEVICE, Strategy
 from tf_glp.tuning import store
@@ -88,14 +88,7 @@ class OptimizerStepChoice:
     def explain_line(self) -> str:
         if self.record is None:
             return "  optimizer step: decided at the start of the first fit (Keras' update or the fused one)"
-        record = self.record
-        if "native_ms" not in record:
-            return f"  optimizer step: Keras' own ({record['optimizer_class']}: {record['reason']})"
-        chosen = "tf_glp's fused update" if record["choice"] == "fused" else "Keras' own"
-        source = f"; {record['source']}" if "source" in record else ""
-        return (f"  optimizer step: {chosen} ({record['optimizer_class']}, {record['reason']}; timed on "
-                f"{record['timed_parameters']:,} of {record['parameters']:,} parameters: Keras "
-                f"{record['native_ms']:.3f} ms, fused {record['fused_ms']:.3f} ms{source})")
+        return f"  {plan_lib.optimizer_line(self.record)}"
 
 
 WHO = "tf_glp.Strategy (optimizer step)"
@@ -130,10 +123,8 @@ class OptimizerStepDecision(keras.callbacks.Callback):
 class SingleDeviceStrategy(Strategy, tf.distribute.OneDeviceStrategy, placement=ONE_DEVICE,
                            serves=concepts.SERVED):
     """tf_glp.Strategy on one device: `tf_glp.Strategy()` on a machine
-    without GPUs (see the module docstring). Plain Keras' path, with
-    tf_glp's fused optimizer update where it measures faster at the start
-    of the first fit. Any `update=` is accepted: with one device there is
-    nothing to sum.
+    without GPUs (see the module docstring). Any `update=` is accepted:
+    with one device there is nothing to sum.
 
     Example:
         >>> strategy = tf_glp.Strategy()  # no GPUs: one device

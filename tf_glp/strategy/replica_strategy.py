@@ -1,7 +1,6 @@
-"""tf_glp.Strategy with update="replicas" on one machine: the host sums the
-replicas' gradients chunk by chunk (HostCrossDeviceOps) and every replica
-applies the sums with its own optimizer state. Otherwise a MirroredStrategy
-as TensorFlow builds it, with tf_glp's reductions."""
+"""tf_glp.Strategy with update="replicas" on one machine (the concept:
+concepts.py): a MirroredStrategy as TensorFlow builds it, with tf_glp's
+reductions (HostCrossDeviceOps)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """update="auto": the update concept chosen at the start of the first fit, by
 measuring each candidate on the user's model and batch.
 
-The candidates are the registered concepts (concepts.py: "host",
-"replicas", TensorFlow's "all-reduce"); they compute the same update up to
-the order of a sum. A concept that does not sum on the host is left out
-under `compression` (which applies to the host's sums only).
+The candidates are the registered concepts (concepts.py); a concept that
+does not sum on the host is left out under `compression` (which applies
+to the host's sums only).
 
 How (before Keras' fit traces anything): every model variable's value is
 kept (each replica's copy: batch statistics differ per replica); for each
@@ -248,9 +247,8 @@ def _warmed_up(function, iterator) -> tuple:
 
 
 def _alone(model, device: str, data) -> tuple:
-    """fit's train function for a copy of `model` on `device` alone (its
-    architecture and compile settings, new weights and optimizer), and an
-    iterator over `data` there."""
+    """fit's train function for a copy of `model` on `device` alone (see the
+    module docstring), and an iterator over `data` there."""
     one = tf.distribute.OneDeviceStrategy(device)
     kept = random.getstate()  # (the copy's initializers draw their seeds from Python's random)
     try:

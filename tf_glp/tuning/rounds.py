@@ -1,9 +1,4 @@
-"""What the start-up choices share to time ways on the user's own model:
-fit's length and first batch read from its arguments (the input not consumed), the model built
-from that batch (the plan store's key holds its shapes), every variable kept
-and put back around a measurement on it, the wait for a step's outputs,
-the line of an error that says what failed, and the announcement fit
-prints once."""
+"""What the start-up choices share to time ways on the user's own model."""
 
 from __future__ import annotations
 

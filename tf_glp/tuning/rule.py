@@ -8,11 +8,9 @@ drifts by phases of seconds; two overlapping ranges cannot tell the ways
 apart). Each choice's gain is a constant below (the choices themselves:
 tf_glp/tuning/__init__.py).
 
-Two choices weigh other evidence and keep their own thresholds beside it:
-the layer profiler's lane counts (profiling/choice.py, MIN_SPEEDUP 2.0: a
-layer timed alone is not the layer inside a step) and chunking="auto"
-(strategy/chunking_decision.py: a calibrated cost model's prediction, worth
-one retrace only above a 3% gain).
+Two choices weigh other evidence and keep their own thresholds beside it: the
+layer profiler's lane counts (profiling/choice.py, MIN_SPEEDUP) and
+chunking="auto" (strategy/chunking_decision.py, min_gain).
 """
 
 from __future__ import annotations

@@ -11,10 +11,9 @@ entries; an entry is found by its whole key (the model's shapes, batch,
 devices, the machine: CPU model and instruction set, the TensorFlow, Keras
 and tf_glp versions), and an entry whose key differs is never used.
 
-Writers take a lock on a side file and replace the file atomically (a reader
-sees the old file or the new one, never half); a file that cannot be read or
-written gives one warning and a measurement, never an error. A section keeps
-its newest MAX_ENTRIES entries.
+Writers take a lock on a side file and replace the file atomically
+(write_json); a file that cannot be read or written gives one warning and a
+measurement, never an error. A section keeps its newest MAX_ENTRIES entries.
 
 The start-up profiler's plans (tf_glp/profiling/plan.py: a file a user can
 read with `python -m tf_glp.plan show`) are files of their own in the cache's
