@@ -130,19 +130,16 @@ class ChunkingDecision(keras.callbacks.Callback):
         self._one_chunk_time = 0.0
         self._remember: tuple[str, dict] | None = None  # (plan file, key) where ChunkingChoice keeps the decision
 
-    @property
-    def _chunking(self):
-        return self.strategy.chunking_state
-
     def on_train_begin(self, logs=None):
         if decide_without_measuring(self.strategy):
             return
         sizes = [int(v.shape.num_elements() or 0) for v in self.model.trainable_variables]
         workload = cost_model.gradient_workload(sizes, self.strategy.num_replicas_in_sync)
         rates = self.strategy._host_rates(getattr(self.model, "optimizer", None))
-        self._chunking.start(workload, rates)
-        self._chunking.use(1)
-        self._chunking.record(Trial(1, cost_model.predict(workload, rates, 1)))
+        chunking = self.strategy.chunking_state
+        chunking.start(workload, rates)
+        chunking.use(1)
+        chunking.record(Trial(1, cost_model.predict(workload, rates, 1)))
         self._begin_phase("one")
 
     def _begin_phase(self, phase: str) -> None:
@@ -168,7 +165,7 @@ class ChunkingDecision(keras.callbacks.Callback):
             self._after_candidate(measured)
 
     def _after_one_chunk(self, measured: float) -> None:
-        chunking = self._chunking
+        chunking = self.strategy.chunking_state
         workload, rates = chunking.workload, chunking.rates
         compute = cost_model.calibrate_compute(workload, rates, measured)
         chunking.trials[0] = Trial(1, cost_model.predict(workload, rates, 1, compute), measured)
@@ -190,7 +187,7 @@ class ChunkingDecision(keras.callbacks.Callback):
         self._begin_phase("candidate")
 
     def _after_candidate(self, measured: float) -> None:
-        trial = self._chunking.trials[-1]
+        trial = self.strategy.chunking_state.trials[-1]
         trial.measured = measured
         faster = measured < self._one_chunk_time
         reason = (f"measured {measured * 1e3:.2f} ms against {self._one_chunk_time * 1e3:.2f} ms for 1 chunk" if faster
@@ -210,7 +207,7 @@ class ChunkingDecision(keras.callbacks.Callback):
 
     def _finish(self, chunks: int, reason: str, measured: bool = True) -> None:
         """Decides; a decision the measurement made is kept in the plan store."""
-        self._chunking.decide(chunks, reason)
+        self.strategy.chunking_state.decide(chunks, reason)
         self._phase = None
         self._one_chunk_function = None
         if measured and self._remember is not None:

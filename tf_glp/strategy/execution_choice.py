@@ -198,10 +198,10 @@ class ExecutionChoice:
         this fit's steps ([] for none)."""
         compiled, strategy = state.compiled, self._strategy
         state.best, state.final = compiled, True
-        if compat.in_multi_worker_mode(strategy) or strategy.micro_batches or model.run_eagerly:
-            state.reason = ("across workers" if compat.in_multi_worker_mode(strategy)
-                            else "with micro_batches" if strategy.micro_batches else "with run_eagerly")
-            state.reason += " fit runs as compiled (not measured)"
+        where = ("across workers" if compat.in_multi_worker_mode(strategy) else "with micro_batches"
+                 if strategy.micro_batches else "with run_eagerly" if model.run_eagerly else "")
+        if where:
+            state.reason = f"{where} fit runs as compiled (not measured)"
             return []
         epoch_steps = rounds_lib.epoch_steps(arguments, batch)
         counts = ([compiled.steps_per_execution] if "steps_per_execution" in state.explicit

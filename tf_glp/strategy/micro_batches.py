@@ -400,8 +400,5 @@ def in_micro_batch_order(strategy, gradients_per_step: list) -> list:
     """Per variable, its M gradients in micro-batch order, from the merge's
     per-replica values: gradients_per_step[j][i] is variable i's gradient of
     each replica's j-th micro-batch. None where a variable has no gradient."""
-    out = []
-    for column in zip(*gradients_per_step):
-        ordered = _in_order(strategy, list(column))
-        out.append(None if any(g is None for g in ordered) else ordered)
-    return out
+    per_variable = [_in_order(strategy, list(column)) for column in zip(*gradients_per_step)]
+    return [None if any(g is None for g in ordered) else ordered for ordered in per_variable]

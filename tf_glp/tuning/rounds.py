@@ -92,10 +92,8 @@ def fit_steps(arguments: dict, batch: int | None) -> int | None:
 def variables_kept(strategy, variables):
     """Every variable's value, per replica copy (batch statistics differ
     per replica); returns a function that puts them back."""
-    kept = []
-    for variable in variables:
-        for component in strategy.experimental_local_results(variable.value):
-            kept.append((component, tf.identity(component.read_value())))
+    kept = [(component, tf.identity(component.read_value())) for variable in variables
+            for component in strategy.experimental_local_results(variable.value)]
 
     def restore():
         for component, value in kept:
