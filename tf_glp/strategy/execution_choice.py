@@ -198,8 +198,9 @@ class ExecutionChoice:
         this fit's steps ([] for none)."""
         compiled, strategy = state.compiled, self._strategy
         state.best, state.final = compiled, True
-        where = ("across workers" if compat.in_multi_worker_mode(strategy) else "with micro_batches"
-                 if strategy.micro_batches else "with run_eagerly" if model.run_eagerly else "")
+        where = ("across workers" if compat.in_multi_worker_mode(strategy)
+                 else "with micro_batches" if strategy.micro_batches
+                 else "with run_eagerly" if model.run_eagerly else "")
         if where:
             state.reason = f"{where} fit runs as compiled (not measured)"
             return []
