@@ -23,6 +23,7 @@ import io
 import json
 import socket
 import os
+import re
 import subprocess
 import sys
 import time
@@ -273,6 +274,102 @@ def test_workers_started_differently_fail_with_a_clear_error(tmp_path, args, mes
     assert status == 1, output
     assert message in output
     assert time.monotonic() - start < 120
+
+
+# -- workers in sync under every configuration (tests/strategy/sync_matrix_job.py) --
+# update x replicas per worker ("default": none given, what a CPU worker gets:
+# one) x micro_batches, all in the same two worker processes, against one
+# process with the cluster's replica count. Explicit "1" runs once: it resolves
+# to the default's path.
+SYNC_CONFIGS = ([f"{update}/{replicas}/none" for replicas in ("default", "2") for update in ("auto", "host", "replicas")]
+                + ["auto/1/none"]
+                + [f"{update}/{replicas}/4" for replicas in ("default", "2") for update in ("auto", "host", "replicas")])
+SYNC_JOB = str(Path(__file__).with_name("sync_matrix_job.py"))
+
+
+def _by_config(result, config):
+    """The keys of a configuration's weights and optimizer variables."""
+    keys = sorted(k for k in result if k.startswith(f"{config}|") and ("|trainable" in k or "|optimizer" in k))
+    assert keys, config
+    return keys
+
+
+@pytest.fixture(scope="module")
+def sync_matrix(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sync_matrix")
+    # No --cpu-replicas: "default" is what a worker gets without TF_GLP_CPU_REPLICAS.
+    output = io.StringIO()
+    status = launch.launch(2, [sys.executable, SYNC_JOB, str(out), *SYNC_CONFIGS], out=output, err=output, env=_env())
+    assert status == 0, output.getvalue()[-5000:]
+    return [_load(out / f"w{i}.npz") for i in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def sync_reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sync_reference")
+    done = subprocess.run([sys.executable, SYNC_JOB, str(out), "--as-workers", "2", *SYNC_CONFIGS], env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _load(out / "w0.npz")
+
+
+def test_every_worker_ends_with_the_same_variables_under_every_configuration(sync_matrix):
+    chief, other = sync_matrix
+    for config in SYNC_CONFIGS:
+        update, replicas, _ = config.split("/")
+        assert str(chief[f"{config}|strategy"]) == ("MultiWorkerReplicaStrategy" if update == "replicas"
+                                                     else "MultiWorkerHostStrategy"), config
+        assert int(chief[f"{config}|replicas"]) == 2 * (2 if replicas == "2" else 1), config
+        for key in _by_config(chief, config):
+            np.testing.assert_array_equal(chief[key], other[key], err_msg=key)
+
+
+def test_the_workers_train_like_one_process_with_as_many_replicas(sync_matrix, sync_reference):
+    """Bitwise with one replica per worker (the cluster adds two workers'
+    sums, one process its two replicas': the same two-term sum) and with
+    micro_batches (added in micro-batch order everywhere); to rounding with
+    2 x 2 replicas, whose sums group the terms (a + b) + (c + d), not
+    ((a + b) + c) + d."""
+    chief = sync_matrix[0]
+    for config in SYNC_CONFIGS:
+        _, replicas, micro_batches = config.split("/")
+        assert int(sync_reference[f"{config}|replicas"]) == int(chief[f"{config}|replicas"]), config
+        for key in _by_config(chief, config):
+            if replicas != "2" or micro_batches != "none":
+                np.testing.assert_array_equal(chief[key], sync_reference[key], err_msg=key)
+            else:
+                np.testing.assert_allclose(chief[key], sync_reference[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_srun_starts_workers_that_stay_in_sync(tmp_path, sync_matrix):
+    # The defaults as a SLURM user gets them (no replica count), through
+    # tf_glp.slurm_cluster(): bitwise what tf_glp.launch's workers end with.
+    configs = ["auto/default/none", "host/default/4"]
+    workers = [subprocess.Popen([sys.executable, SYNC_JOB, str(tmp_path), "--engine", "slurm", *configs],
+                                env=dict(env, TF_GLP_CLUSTER_TIMEOUT="60"), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+               for env in _engine_envs("slurm")]
+    outputs = [worker.communicate(timeout=240)[0] for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    for index, launched in enumerate(sync_matrix):
+        started = _load(tmp_path / f"w{index}.npz")
+        for config in configs:
+            for key in _by_config(launched, config):
+                np.testing.assert_array_equal(started[key], launched[key], err_msg=f"worker {index} {key}")
+
+
+def test_workers_that_diverge_stop_with_an_error_naming_the_variable(tmp_path):
+    # Worker 1 changes a bias of its own before the second epoch: the check at
+    # the first epoch's end passes, the second's stops both workers.
+    output = io.StringIO()
+    status = launch.launch(2, [sys.executable, SYNC_JOB, str(tmp_path), "auto/default/none", "--diverge"],
+                           out=output, err=output, env=_env())
+    output = output.getvalue()
+    assert status == 1, output[-3000:]
+    # (Both workers raise; the launcher may stop the second before it prints.)
+    assert re.search(r"RuntimeError: tf_glp.Strategy \(worker [01]\): after epoch 2 the workers hold different "
+                     r"values of 1 of 20 variables, first 'sequential/dense/bias'", output), output[-3000:]
+    assert not (tmp_path / "w0.npz").exists()
 
 
 def test_stock_multi_worker_mirrored_strategy_still_needs_the_keras_workarounds(tmp_path):

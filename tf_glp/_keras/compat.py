@@ -120,6 +120,10 @@ INTERNALS = {
     ("tensorflow.python.distribute", "multi_worker_util", "coordination_leader"):
         "the coordination service as MultiWorkerMirroredStrategy configures it (cluster.py)",
     ("tensorflow.python.eager", "context", "Context"): "configure_coordination_service",
+    ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceStrategy",
+     "_collective_key_base"): "collective keys of its own for each multi-worker strategy (set_collective_key_base)",
+    ("tensorflow.python.distribute.collective_all_reduce_strategy", "CollectiveAllReduceExtended",
+     "_enable_check_health"): "a later strategy reuses this process's server (reuse_collective_server)",
 }
 
 
@@ -414,6 +418,23 @@ def collective_worker(extended) -> CollectiveWorker:
     """The cluster facts of a CollectiveAllReduceExtended."""
     return CollectiveWorker(extended._num_workers, extended._worker_device,  # noqa: SLF001
                             extended._id_in_cluster, extended._is_chief)  # noqa: SLF001
+
+
+def set_collective_key_base(strategy, base: int) -> None:
+    """Where a MultiWorkerMirroredStrategy's collective group and instance
+    keys start (read by its extended object's constructor)."""
+    strategy._collective_key_base = base  # noqa: SLF001
+
+
+def reuse_collective_server(extended) -> None:
+    """Makes a CollectiveAllReduceExtended about to be constructed use the
+    gRPC server and coordination service this process already runs (an
+    earlier strategy's) instead of enabling collective ops again, which
+    restarts the collective executor while the other workers may be in a
+    collective; its health check stays off, as the coordination service's
+    heartbeat does that job (as it did for the earlier strategy)."""
+    extended._std_server_started = True  # noqa: SLF001 (an instance attribute only: TensorFlow reads it by getattr)
+    extended._enable_check_health = False  # noqa: SLF001
 
 
 def replace_cross_device_ops(extended, cross_device_ops):

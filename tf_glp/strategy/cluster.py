@@ -174,11 +174,25 @@ def _bounded_start(peers: list[str], timeout_s: float):
         watchdog.wait()
 
 
+# The addresses whose server this process started: a later strategy in the
+# same process (a loop over models) joins the same cluster through it.
+_STARTED: set[str] = set()
+
+
+def serving(cluster_resolver) -> bool:
+    """Whether this process already runs the server of its address in
+    `cluster_resolver`'s cluster (an earlier strategy started it)."""
+    return _addresses(cluster_resolver).get((cluster_resolver.task_type, cluster_resolver.task_id)) in _STARTED
+
+
 @contextlib.contextmanager
 def starting(cluster_resolver):
     """Around TensorFlow's cluster start-up (the multi-worker extended object's constructor)."""
     addresses = _addresses(cluster_resolver)
     own = addresses.get((cluster_resolver.task_type, cluster_resolver.task_id))
+    if own in _STARTED:
+        yield  # this process's server runs already: nothing to start or wait for
+        return
     if own is not None:
         _check_port_free(own)
     # The coordination service as MultiWorkerMirroredStrategy configures it; in TensorFlow 2.21
@@ -188,6 +202,8 @@ def starting(cluster_resolver):
     with _bounded_start(sorted(set(addresses.values()) - {own}), timeout_s):
         try:
             yield
+            if own is not None:
+                _STARTED.add(own)
         except tf.errors.UnknownError as error:
             raise RuntimeError(f"tf_glp.Strategy: this worker could not start its server at {own} "
                                f"({error.message}); is the port in use?") from error

@@ -5,6 +5,8 @@ fit patch in tf_glp/_keras/patches.py through Strategy._prepare_fit).
   micro_batches, by M) is refused: see _check_global_batch. Across
   workers, every worker must use the same global batch.
 - A plain keras.callbacks.BackupAndRestore becomes tf_glp's (_upgraded).
+- Across workers, WorkersInSync checks at every epoch's end that the
+  workers still hold the same variables (workers_in_sync.py).
 - The start-up choices run, in order (startup_choices; the interface:
   tf_glp/tuning/__init__.py).
 """
@@ -17,6 +19,7 @@ import tensorflow as tf
 
 from tf_glp._keras import compat
 from tf_glp.strategy import chunking_decision, execution_choice, micro_batches
+from tf_glp.strategy.workers_in_sync import WorkersInSync
 from tf_glp.tuning import rounds
 
 
@@ -40,7 +43,8 @@ def prepare(model, strategy, arguments: dict) -> None:
     _check_global_batch(batch, strategy.num_replicas_in_sync)
     if strategy.micro_batches:
         micro_batches.check_fit(model, strategy, batch, rounds.training_samples(arguments))
-    if compat.in_multi_worker_mode(strategy):
+    across_workers = compat.in_multi_worker_mode(strategy)
+    if across_workers:
         strategy.extended.check_same_on_every_worker(
             [batch or 0], "the workers' global batch sizes differ ({low} to {high}; 0: not known before "
             "training): every worker must use the same global batch size.")
@@ -48,6 +52,9 @@ def prepare(model, strategy, arguments: dict) -> None:
     callbacks = list(given or [])
     if not isinstance(given, keras.callbacks.CallbackList):  # a CallbackList is the user's, whole
         callbacks = [_upgraded(c) for c in callbacks]
+    if across_workers:
+        # First: workers found out of step stop before another callback saves or reports their weights.
+        callbacks.insert(0, WorkersInSync(strategy))
     for choice in strategy._choices.values():
         callbacks.extend(choice.prepare(model, arguments, batch, callbacks))
     if callbacks != list(given or []):

@@ -26,6 +26,7 @@ they live in `MultiWorkerKerasFixes.reduce` (below) and nowhere else.
 
 from __future__ import annotations
 
+import itertools
 import zlib
 
 import tensorflow as tf
@@ -74,6 +75,8 @@ class CollectiveHostExtended(compat.collective_extended_class()):
     def __init__(self, container_strategy, cluster_resolver, local_devices: list[str],
                  host_ops: HostCrossDeviceOps):
         self._glp_local_devices = [tf.DeviceSpec.from_string(d) for d in local_devices]
+        if cluster.serving(cluster_resolver):
+            compat.reuse_collective_server(self)  # another strategy in this process started it
         with cluster.starting(cluster_resolver):
             super().__init__(container_strategy, cluster_resolver=cluster_resolver,
                              communication_options=tf.distribute.experimental.CommunicationOptions(
@@ -119,19 +122,34 @@ class CollectiveHostExtended(compat.collective_extended_class()):
 
         return initial_value_fn
 
-    def check_same_on_every_worker(self, values: list[int], message: str, device: str | None = None) -> None:
-        """Raises ValueError(message) when the workers' integers differ (one
-        collective of 2 x len(values) integers; eager only). `message` may
-        name {low} and {high}, the smallest and largest values seen."""
+    @property
+    def worker_id(self) -> int:
+        """This worker's index in the cluster (the chief's is 0)."""
+        return self._glp_worker.id_in_cluster
+
+    def _extremes_on_workers(self, values: list[int], device: str | None = None) -> tuple[list, list]:
+        """The smallest and the largest of each integer over the workers (one
+        collective of 2 x len(values) integers; eager only)."""
         device = device or self._glp_host_ops.host_device
         extremes = compat.all_reduce_among_workers(self, list(values) + [-v for v in values], device, "Max",
                                                    cluster.cluster_timeout_s())
         count = len(values)
-        high, low = extremes[:count], [-v for v in extremes[count:]]
+        return [-v for v in extremes[count:]], extremes[:count]
+
+    def differing_on_workers(self, values: list[int]) -> list[int]:
+        """The indices of the integers that are not the same on every worker
+        (one collective; eager only, called by every worker at the same point)."""
+        low, high = self._extremes_on_workers(values)
+        return [i for i, (a, b) in enumerate(zip(low, high)) if a != b]
+
+    def check_same_on_every_worker(self, values: list[int], message: str, device: str | None = None) -> None:
+        """Raises ValueError(message) when the workers' integers differ (one
+        collective of 2 x len(values) integers; eager only). `message` may
+        name {low} and {high}, the smallest and largest values seen."""
+        low, high = self._extremes_on_workers(values, device)
         if high != low:
-            low, high = (low[0], high[0]) if count == 1 else (low, high)
-            raise ValueError(f"tf_glp.Strategy (worker {self._glp_worker.id_in_cluster}): "
-                             + message.format(low=low, high=high))
+            low, high = (low[0], high[0]) if len(values) == 1 else (low, high)
+            raise ValueError(f"tf_glp.Strategy (worker {self.worker_id}): " + message.format(low=low, high=high))
 
     def agree_with_the_chief(self, values: list[int]) -> list[int]:
         """The chief's integers, on every worker (one collective sum to which
@@ -191,6 +209,10 @@ class MultiWorkerKerasFixes:
         return super().reduce(reduce_op, value, axis)
 
 
+# (TensorFlow's own tests space strategies' keys the same way: strategy_combinations.py.)
+_COLLECTIVE_KEY_BASES = itertools.count(0, 100_000)
+
+
 class MultiWorkerReplicaStrategy(MultiWorkerKerasFixes, Strategy, tf.distribute.MultiWorkerMirroredStrategy,
                                  placement=WORKERS, serves=(concepts.REPLICAS,)):
     """tf_glp.Strategy with update="replicas" across workers (see the module
@@ -203,6 +225,11 @@ class MultiWorkerReplicaStrategy(MultiWorkerKerasFixes, Strategy, tf.distribute.
 
     def _init_distribution(self) -> None:
         resolver = cluster.resolve_cluster(self.settings.cluster_resolver)
+        # Collective keys of their own: a later strategy in this process (a
+        # loop over models) would otherwise reuse the earlier one's group and
+        # instance keys and wait forever for a peer. Every worker creates its
+        # strategies in the same order, so the workers' keys agree.
+        compat.set_collective_key_base(self, next(_COLLECTIVE_KEY_BASES))
         devices = self._set_up(workers=cluster.worker_count(resolver))
         tf.distribute.Strategy.__init__(self, self._extended_class(self, resolver, devices, self._host_ops))
 

@@ -286,6 +286,13 @@ class Strategy(tf.distribute.Strategy):
             keras_variables = list(variables) if variables is not None else compat.built_variables(optimizer)
             if not self._takes_gradients_unsummed(optimizer, keras_variables, loss_scaled):
                 grads = concept.sum_gradients(self, grads, loss_scaled)
+            else:
+                # Unsummed gradients are per replica, even where a worker has
+                # one replica (whose merge receives plain tensors): the fused
+                # update tells them from sums by that, and sums them, across
+                # the workers too (fused_host_step.apply).
+                grads = [g if isinstance(g, tf.distribute.DistributedValues) or g is None
+                         else compat.per_replica_class()((g,)) for g in grads]
             with concept.optimizer_step(self, optimizer, keras_variables):
                 run(grads, variables)
 
