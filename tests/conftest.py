@@ -43,6 +43,22 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+# The files that take minutes, started first. With `--dist loadfile` each
+# file runs whole in one process, handed out in collection order: started
+# last, test_keras_own_tests.py kept one core busy alone for the last 3
+# minutes of an 18-minute run (2026-12-07).
+SLOW_FIRST = ("strategy/test_multi_worker.py", "strategy/test_keras_own_tests.py", "test_examples.py",
+              "bench/test_compare.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        path = item.path.relative_to(Path(__file__).parent).as_posix()
+        return SLOW_FIRST.index(path) if path in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=rank)  # (stable: each file's tests keep their order)
+
+
 def pytest_configure(config):
     # Read when the fuzz tests are collected (in every xdist worker too).
     if config.getoption("--fuzz-cases") is not None:

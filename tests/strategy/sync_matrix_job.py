@@ -3,14 +3,18 @@
 
     python sync_matrix_job.py OUT_DIR CONFIG [CONFIG ...]
 
-Each CONFIG is `update/replicas/micro_batches`: update auto, host or
-replicas; replicas "default" (cpu_replicas not given: what a user gets) or a
-count per worker; micro_batches "none" or M. One process trains every
+Each CONFIG is `update/replicas/micro_batches[/compression]`: update auto,
+host or replicas; replicas "default" (cpu_replicas not given: what a user
+gets) or a count per worker; micro_batches "none" or M; compression, when
+given, "bf16" or "fp16". One process trains every
 configuration in turn, each from the same seed on the same data (a small
 model with BatchNormalization and Dropout, Adam, 2 epochs of 5 steps, global
 batch 16), and writes OUT_DIR/w{task}.npz (task: the worker's index) with, per configuration, the trainable
 weights and the optimizer's variables, keyed `{config}|trainable{i}` and
-`{config}|optimizer{i}`, and `{config}|strategy`, the strategy's class. `--diverge` makes worker 1 change
+`{config}|optimizer{i}`, the first replica's batch statistics
+`{config}|statistics{i}`, and `{config}|strategy`, the strategy's class; with
+2 replicas per worker and no micro_batches, evaluate()'s loss and predict()'s
+results too (`{config}|evaluation`, `{config}|predictions`). `--diverge` makes worker 1 change
 a weight of its own before the second epoch (the workers-in-sync guard's test).
 
 With `--as-workers W` (alone, no TF_CONFIG) it trains each configuration on
@@ -74,14 +78,14 @@ def main(argv=None):
     results = {}
     micro_batched = False
     for config in args.configs:
-        update, _, micro = config.split("/")
+        update, _, micro, *compression = config.split("/")
         micro_batches = None if micro == "none" else int(micro)
         if micro_batches and not micro_batched:
             tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
             micro_batched = True
         assert micro_batches or not micro_batched, "configurations with micro_batches must come last"
         strategy = tf_glp.Strategy(update=update, cpu_replicas=replicas_of(config), micro_batches=micro_batches,
-                                   cluster_resolver=resolver)
+                                   compression=compression[0] if compression else None, cluster_resolver=resolver)
         keras.utils.set_random_seed(1)
         with strategy.scope():
             model = keras.Sequential([
@@ -99,6 +103,11 @@ def main(argv=None):
         results[f"{config}|replicas"] = np.array(strategy.num_replicas_in_sync)
         results.update({f"{config}|trainable{i}": v.numpy() for i, v in enumerate(model.trainable_weights)})
         results.update({f"{config}|optimizer{i}": v.numpy() for i, v in enumerate(model.optimizer.variables)})
+        # The first replica's batch statistics (per replica, as under MirroredStrategy).
+        results.update({f"{config}|statistics{i}": v.numpy() for i, v in enumerate(model.non_trainable_weights)})
+        if config.split("/")[1:3] == ["2", "none"]:  # evaluate() and predict() across workers (gathered)
+            results[f"{config}|evaluation"] = np.array(model.evaluate(data, verbose=0))
+            results[f"{config}|predictions"] = model.predict(x[:32], batch_size=16, verbose=0)
         print("trained", config, type(strategy).__name__, strategy.num_replicas_in_sync, flush=True)
     np.savez(os.path.join(args.out, f"w{task}.npz"), **results)
 

@@ -1,9 +1,13 @@
 """tf_glp.Strategy across workers: 2 local worker processes on 127.0.0.1,
 started by tf_glp.launch, running tests/strategy/multi_worker_job.py.
 
-- 2 workers x 2 logical CPU replicas train like one process with 4 replicas
-  (same global batch and data order) and hold bitwise identical variables,
-  with update="host" and update="replicas";
+- every configuration (update auto / host / replicas, one replica per
+  worker as by default or 2, micro_batches or not, compression) keeps the
+  workers bitwise equal and trains like one process with as many replicas
+  (sync_matrix_job.py, all configurations in the same processes); workers
+  that diverge stop with an error naming the variable;
+- 2 workers x 2 logical CPU replicas hold bitwise identical variables and
+  evaluate() / predict() results, with update="host" and update="replicas";
 - a worker killed mid-epoch, then the job restarted with BackupAndRestore,
   ends bitwise where the uninterrupted job ends;
 - with ConcurrencyProfiler (update="host"'s job) every worker runs the
@@ -84,27 +88,6 @@ def two_workers(tmp_path_factory, update):
     assert output.count(f"done {expected}") == 2, output
     assert output.count("on 2 replicas x 2 workers (TF_GLP_CPU_REPLICAS=2)") == 2, output
     return _Job(out, output)
-
-
-@pytest.fixture(scope="module")
-def one_process(tmp_path_factory, update):
-    out = tmp_path_factory.mktemp(f"one_process_{update}")
-    done = subprocess.run([sys.executable, JOB, str(out), "--update", update, "--replicas", "4"], env=_env(),
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return _load(out / "w0.npz")
-
-
-def test_two_workers_train_like_one_process_with_four_replicas(two_workers, one_process):
-    chief = two_workers[0]
-    assert int(chief["steps"]) == int(one_process["steps"]) == 20
-    for prefix in ("trainable", "optimizer", "statistics"):
-        keys = _keys(chief, prefix)
-        assert keys and keys == _keys(one_process, prefix)
-        for key in keys:
-            np.testing.assert_allclose(chief[key], one_process[key], rtol=1e-5, atol=1e-6, err_msg=key)
-    np.testing.assert_allclose(chief["evaluation"], one_process["evaluation"], rtol=1e-5)
-    np.testing.assert_allclose(chief["predictions"], one_process["predictions"], rtol=1e-4, atol=1e-5)
 
 
 def test_workers_hold_bitwise_identical_variables(two_workers):
@@ -279,10 +262,10 @@ def test_workers_started_differently_fail_with_a_clear_error(tmp_path, args, mes
 # -- workers in sync under every configuration (tests/strategy/sync_matrix_job.py) --
 # update x replicas per worker ("default": none given, what a CPU worker gets:
 # one) x micro_batches, all in the same two worker processes, against one
-# process with the cluster's replica count. Explicit "1" runs once: it resolves
-# to the default's path.
+# process with the cluster's replica count. Explicit "1" runs once (it resolves
+# to the default's path), and so does each compression.
 SYNC_CONFIGS = ([f"{update}/{replicas}/none" for replicas in ("default", "2") for update in ("auto", "host", "replicas")]
-                + ["auto/1/none"]
+                + ["auto/1/none", "auto/default/none/bf16", "replicas/2/none/fp16"]
                 + [f"{update}/{replicas}/4" for replicas in ("default", "2") for update in ("auto", "host", "replicas")])
 SYNC_JOB = str(Path(__file__).with_name("sync_matrix_job.py"))
 
@@ -299,7 +282,8 @@ def sync_matrix(tmp_path_factory):
     out = tmp_path_factory.mktemp("sync_matrix")
     # No --cpu-replicas: "default" is what a worker gets without TF_GLP_CPU_REPLICAS.
     output = io.StringIO()
-    status = launch.launch(2, [sys.executable, SYNC_JOB, str(out), *SYNC_CONFIGS], out=output, err=output, env=_env())
+    status = launch.launch(2, [sys.executable, SYNC_JOB, str(out), *SYNC_CONFIGS], out=output, err=output,
+                           env=_env(TF_GLP_CACHE_DIR=str(out / "cache")))
     assert status == 0, output.getvalue()[-5000:]
     return [_load(out / f"w{i}.npz") for i in (0, 1)]
 
@@ -307,7 +291,8 @@ def sync_matrix(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sync_reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("sync_reference")
-    done = subprocess.run([sys.executable, SYNC_JOB, str(out), "--as-workers", "2", *SYNC_CONFIGS], env=_env(),
+    done = subprocess.run([sys.executable, SYNC_JOB, str(out), "--as-workers", "2", *SYNC_CONFIGS],
+                          env=_env(TF_GLP_CACHE_DIR=str(out / "cache")),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return _load(out / "w0.npz")
@@ -316,7 +301,7 @@ def sync_reference(tmp_path_factory):
 def test_every_worker_ends_with_the_same_variables_under_every_configuration(sync_matrix):
     chief, other = sync_matrix
     for config in SYNC_CONFIGS:
-        update, replicas, _ = config.split("/")
+        update, replicas, *_ = config.split("/")
         assert str(chief[f"{config}|strategy"]) == ("MultiWorkerReplicaStrategy" if update == "replicas"
                                                      else "MultiWorkerHostStrategy"), config
         assert int(chief[f"{config}|replicas"]) == 2 * (2 if replicas == "2" else 1), config
@@ -325,20 +310,30 @@ def test_every_worker_ends_with_the_same_variables_under_every_configuration(syn
 
 
 def test_the_workers_train_like_one_process_with_as_many_replicas(sync_matrix, sync_reference):
-    """Bitwise with one replica per worker (the cluster adds two workers'
-    sums, one process its two replicas': the same two-term sum) and with
+    """Weights, optimizer state and the first replica's batch statistics:
+    bitwise with one replica per worker (the cluster adds two workers' sums,
+    one process its two replicas': the same two-term sum) and with
     micro_batches (added in micro-batch order everywhere); to rounding with
     2 x 2 replicas, whose sums group the terms (a + b) + (c + d), not
-    ((a + b) + c) + d."""
+    ((a + b) + c) + d; there evaluate() and predict() too."""
     chief = sync_matrix[0]
     for config in SYNC_CONFIGS:
-        _, replicas, micro_batches = config.split("/")
+        _, replicas, micro_batches, *_ = config.split("/")
         assert int(sync_reference[f"{config}|replicas"]) == int(chief[f"{config}|replicas"]), config
-        for key in _by_config(chief, config):
+        # The chief's first replica's batch statistics are one process's first replica's too.
+        keys = _by_config(chief, config) + sorted(k for k in chief if k.startswith(f"{config}|statistics"))
+        for key in keys:
             if replicas != "2" or micro_batches != "none":
                 np.testing.assert_array_equal(chief[key], sync_reference[key], err_msg=key)
             else:
                 np.testing.assert_allclose(chief[key], sync_reference[key], rtol=1e-5, atol=1e-6, err_msg=key)
+        if replicas == "2" and micro_batches == "none":  # evaluate() and predict() gather every worker's share
+            np.testing.assert_allclose(chief[f"{config}|evaluation"], sync_reference[f"{config}|evaluation"],
+                                       rtol=1e-5)
+            np.testing.assert_allclose(chief[f"{config}|predictions"], sync_reference[f"{config}|predictions"],
+                                       rtol=1e-4, atol=1e-5)
+            for key in (f"{config}|evaluation", f"{config}|predictions"):
+                np.testing.assert_array_equal(chief[key], sync_matrix[1][key], err_msg=key)
 
 
 def test_srun_starts_workers_that_stay_in_sync(tmp_path, sync_matrix):

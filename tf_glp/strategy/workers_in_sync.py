@@ -55,7 +55,8 @@ class WorkersInSync(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         variables = self._variables()
         if self._checksums is None:
-            self._checksums = tf.function(lambda: tf.stack([checksum(v.value) for v in self._variables()]))
+            self._checksums = tf.function(lambda: tf.stack([checksum(v.value) for v in self._variables()]),
+                                          autograph=False)  # (autograph would write a file to TMPDIR per worker)
         sums = self._checksums().numpy().tolist()
         differing = self._strategy.extended.differing_on_workers(sums)
         if differing:
