@@ -273,20 +273,42 @@ def test_the_plan_file_is_reused_and_keeps_the_other_sections(tmp_path, capsys):
     assert sections["plans"] == [] and len(sections["executions"]) == 1
 
 
-def test_a_fit_that_ends_before_the_counts_are_measured_keeps_one_and_the_next_fit_measures():
-    """One epoch of 10 steps: the first call traces, the second times 1, the
-    epoch's last 2 steps are not a round; 4 is never timed."""
+def test_short_fits_go_on_with_the_rounds_where_the_last_stopped_and_trace_nothing_again():
+    """A loop of short fits on one model (one epoch of 10 steps each, calls
+    of 4, 4, 2): the first fit's rounds stop undecided and it keeps 1; each
+    next fit goes on with the rounds from where the last stopped, instead of
+    starting again, so the rounds of one long fit are timed once in all;
+    XLA is tried once; each count's function is traced once in all, and a
+    fit after the decision measures and traces nothing."""
     calls = []
     strategy = _strategy(FAST_4, calls)
-    strategy._choices["execution"].xla_hint = 0.0  # noqa: SLF001 (XLA not measured)
+    choice = strategy._choices["execution"]  # noqa: SLF001
+    choice.xla_hint = 0.0  # (XLA not measured: the fits are too short for it)
     with strategy.scope():
         model = _model()
-    _fit(model, epochs=1)
-    assert [label for label in calls[::2] if label] == ["1"], calls
-    assert "steps_per_execution=1, no XLA: fit ended before the counts were measured" in strategy.explain()
-    record = Record()
-    _fit(model, [record])
-    assert record.ways == [(4, False)]  # measured by the next fit
+    traces, step = [], model.train_step
+    model.train_step = lambda data: traces.append(1) or step(data)  # (runs once per trace)
+    xla_tries = []
+    measure = execution_choice.xla_rounds.measure
+    execution_choice.xla_rounds.measure = lambda *args: xla_tries.append(1) or measure(*args)
+    try:
+        timed, traced = [], []
+        for _ in range(4):
+            calls.clear()
+            _fit(model, epochs=1)
+            timed.append([label for label in calls[::2] if label])
+            traced.append(len(traces))
+            if len(timed) == 1:
+                assert "fit ended before the counts were measured (1 calls timed so far" in strategy.explain()
+    finally:
+        execution_choice.xla_rounds.measure = measure
+    # Fit 1: 1's first call traces, its second is timed; fit 2: 4's first call
+    # traces, its second is timed; fit 3: 1 and 4 timed once more, decided.
+    assert timed == [["1"], ["4"], ["1", "4"], []], timed
+    assert "steps_per_execution=4, no XLA: 3.00x as fast as 1" in strategy.explain(), strategy.explain()
+    assert len(xla_tries) == 1
+    # Count 1's trace (and count 1's XLA-weighing trace) in fit 1, count 4's in fit 2, nothing after.
+    assert traced[1] > traced[0] and traced[3] == traced[2] == traced[1], traced
 
 
 class LoggingTensorBoard(keras.callbacks.TensorBoard):

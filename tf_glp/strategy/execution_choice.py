@@ -83,6 +83,18 @@ class Way:
 
 
 @dataclasses.dataclass
+class RoundsSoFar:
+    """Where CountRounds stood when a fit ended undecided: the counts it
+    compares, each one's ms per step so far, the counts whose function has
+    run (their traces are paid) and the calls still queued."""
+
+    counts: tuple[int, ...]
+    times: dict[int, list[float]]
+    called: set[int]
+    queue: list[int]
+
+
+@dataclasses.dataclass
 class ModelExecution:
     """One model's ways: as compiled, as measured and as chosen."""
 
@@ -96,6 +108,10 @@ class ModelExecution:
     source: str = ""
     final: bool = False  # decided for good (else the next fit may measure: this one was too short, say)
     kept_for: tuple[int, Way] | None = None  # (fit steps, way) decided on a first round: a longer fit measures
+    # The count rounds so far, where a fit ended before they decided: the
+    # next fit goes on from there (Note [Counts on the real steps]).
+    rounds: RoundsSoFar | None = None
+    xla_note: str | None = None  # XLA's measurement (or why not): made once per model
     functions: dict = dataclasses.field(default_factory=dict)  # Way -> (train, test function)
     key: dict | None = None  # the plan store's key of this model's entry
 
@@ -239,8 +255,11 @@ class ExecutionChoice:
             return []
         notes = []
         if measure_xla:
-            notes.append(xla_rounds.measure(self, state, model, arguments, batch, Way(counts[-1]),
-                                             Way(counts[-1], True), fit_steps))
+            # Once per model: a later fit (a loop of short ones) neither traces nor times it again.
+            if state.xla_note is None:
+                state.xla_note = xla_rounds.measure(self, state, model, arguments, batch, Way(counts[-1]),
+                                                    Way(counts[-1], True), fit_steps)
+            notes.append(state.xla_note)
             if state.xla_wins and self.allow_xla:
                 state.best, state.final, state.source = Way(counts[-1]), True, "measured"
                 state.reason = "; ".join(notes)
@@ -378,6 +397,10 @@ class CountRounds(keras.callbacks.Callback):
         self._at: dict[int, object] = {}  # count -> Keras' own train function at that count
         self._called: set[int] = set()  # counts whose function has run (a new one traces: untimed)
         self._queue = [1]
+        so_far = state.rounds
+        if so_far is not None and so_far.counts == tuple(counts):  # an earlier fit's rounds, continued
+            self._times = {c: list(ms) for c, ms in so_far.times.items()}
+            self._called, self._queue = set(so_far.called), list(so_far.queue)
         self._winner, self._done, self._steps = None, 0, 0
 
     def on_train_begin(self, logs=None):
@@ -483,7 +506,7 @@ class CountRounds(keras.callbacks.Callback):
         """Runs `count` from the next call on, and keeps the choice (`kept`:
         for fits as long as this one)."""
         choice, state = self._choice, self._state
-        self._winner, self._queue = count, []
+        self._winner, self._queue, state.rounds = count, [], None
         state.best, state.source, state.final = self._way(count), "measured", not kept
         state.times_ms.update({str(c): ms for c, ms in self._times.items() if ms})
         state.reason = "; ".join([why, *([state.reason] if state.reason else []), "measured on this fit's steps"])
@@ -492,9 +515,15 @@ class CountRounds(keras.callbacks.Callback):
         choice._last = (state, state.best, "")
 
     def _unmeasured(self) -> None:
-        """The fit ends before the rounds do: 1 stays, the next fit measures again."""
-        self._winner, self._queue, state = 1, [], self._state
-        state.best, state.reason = state.compiled, "fit ended before the counts were measured (not measured)"
+        """The fit ends before the rounds do: 1 stays, and the next fit goes
+        on with the rounds from where this one stopped."""
+        state = self._state
+        state.rounds = RoundsSoFar(tuple(self._times), {c: list(ms) for c, ms in self._times.items()},
+                                   set(self._called), list(self._queue))
+        self._winner, self._queue = 1, []
+        timed = sum(len(ms) for ms in self._times.values())
+        state.best, state.reason = state.compiled, (f"fit ended before the counts were measured ({timed} calls timed "
+                                                    f"so far: the next fit goes on with them)")
         self._choice._last = (state, state.compiled, "")
 
     def on_train_end(self, logs=None):
