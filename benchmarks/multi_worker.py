@@ -155,7 +155,7 @@ def main() -> None:
         base = results.get(f"one process x 2 replicas, {concept.replace('-', ' ')}", {})
         ratio = f"{result['steps_per_s'] / base['steps_per_s']:.2f}x" if "steps_per_s" in base else ""
         checks = result["check_ms"]
-        check = f"{checks[0]:.1f} / {', '.join(f'{ms:.1f}' for ms in checks[1:])}" if checks else "(one process)"
+        check = f"{checks[0]:.1f} / {', '.join(f'{ms:.1f}' for ms in checks[1:])}" if checks else "none"
         rows.append(f"| {label} | {result['startup_s']:.2f} | {result['steps_per_s']:.2f} | {ratio} | {check} |")
     elapsed = time.time() - started
     print("\n".join(rows))
@@ -169,7 +169,8 @@ def main() -> None:
                 f"steady = the next "
                 f"{(EPOCHS - 1) * STEPS_PER_EPOCH} steps. Chief's clock. The check compares "
                 f"1.86 M weights and Adam's 3.72 M state values across the workers at each epoch's end "
-                f"(tf_glp/strategy/workers_in_sync.py); it is inside the epochs timed.", "", *rows, ""]
+                f"(tf_glp/strategy/workers_in_sync.py); it is inside the epochs timed, and runs only where "
+                f"there are several workers.", "", *rows, ""]
         write_section("Multi-worker", "\n".join(text))
 
 
