@@ -14,8 +14,9 @@ weights and the optimizer's variables, keyed `{config}|trainable{i}` and
 `{config}|optimizer{i}`, the first replica's batch statistics
 `{config}|statistics{i}`, and `{config}|strategy`, the strategy's class; with
 2 replicas per worker and no micro_batches, evaluate()'s loss and predict()'s
-results too (`{config}|evaluation`, `{config}|predictions`). `--diverge` makes worker 1 change
-a weight of its own before the second epoch (the workers-in-sync guard's test).
+results too (`{config}|evaluation`, `{config}|predictions`). `--diverge` adds one more fit
+of the first configuration in which worker 1 changes a weight of its own before the second epoch,
+and keeps the error that stops it (the workers-in-sync guard's test) as `diverged|error`.
 
 With `--as-workers W` (alone, no TF_CONFIG) it trains each configuration on
 one machine with the replicas W such workers have in all (W x the count per
@@ -42,7 +43,7 @@ def main(argv=None):
     parser.add_argument("--as-workers", type=int, default=None,
                         help="one process: every config with the replicas of this many workers")
     parser.add_argument("--diverge", action="store_true",
-                        help="worker 1 adds 1e-3 to the first layer's bias before the second epoch")
+                        help="then a fit in which worker 1 adds 1e-3 to the first layer's bias before epoch 2")
     parser.add_argument("--engine", default=None, choices=["slurm"], help="the cluster from SLURM's variables")
     args = parser.parse_args(argv)
 
@@ -77,13 +78,15 @@ def main(argv=None):
 
     results = {}
     micro_batched = False
-    for config in args.configs:
+    for config in [*args.configs, *(["diverged"] if args.diverge else [])]:
+        diverged = config == "diverged"
+        config = args.configs[0] if diverged else config
         update, _, micro, *compression = config.split("/")
         micro_batches = None if micro == "none" else int(micro)
         if micro_batches and not micro_batched:
             tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
             micro_batched = True
-        assert micro_batches or not micro_batched, "configurations with micro_batches must come last"
+        assert micro_batches or not micro_batched or diverged, "configurations with micro_batches must come last"
         strategy = tf_glp.Strategy(update=update, cpu_replicas=replicas_of(config), micro_batches=micro_batches,
                                    compression=compression[0] if compression else None, cluster_resolver=resolver)
         keras.utils.set_random_seed(1)
@@ -98,7 +101,13 @@ def main(argv=None):
             model.compile(optimizer=keras.optimizers.Adam(1e-2),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).take(5)
-        model.fit(data, epochs=2, verbose=0, callbacks=[Diverge()] if args.diverge and task == 1 else [])
+        if diverged:
+            try:
+                model.fit(data, epochs=2, verbose=0, callbacks=[Diverge()] if task == 1 else [])
+            except RuntimeError as error:
+                results["diverged|error"] = np.array(str(error))
+            continue
+        model.fit(data, epochs=2, verbose=0)
         results[f"{config}|strategy"] = np.array(type(strategy).__name__)
         results[f"{config}|replicas"] = np.array(strategy.num_replicas_in_sync)
         results.update({f"{config}|trainable{i}": v.numpy() for i, v in enumerate(model.trainable_weights)})
