@@ -226,9 +226,11 @@ class MultiWorkerReplicaStrategy(MultiWorkerKerasFixes, Strategy, tf.distribute.
     def _init_distribution(self) -> None:
         resolver = cluster.resolve_cluster(self.settings.cluster_resolver)
         # Collective keys of their own: a later strategy in this process (a
-        # loop over models) would otherwise reuse the earlier one's group and
-        # instance keys and wait forever for a peer. Every worker creates its
-        # strategies in the same order, so the workers' keys agree.
+        # loop over models) would otherwise reuse the earlier one's group keys,
+        # and a group of another size is refused ("joining a group with size 4,
+        # but that group has size 2", seen with 1 then 2 replicas per worker).
+        # Every worker creates its strategies in the same order, so the
+        # workers' keys agree.
         compat.set_collective_key_base(self, next(_COLLECTIVE_KEY_BASES))
         devices = self._set_up(workers=cluster.worker_count(resolver))
         tf.distribute.Strategy.__init__(self, self._extended_class(self, resolver, devices, self._host_ops))
