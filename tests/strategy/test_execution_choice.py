@@ -273,7 +273,7 @@ def test_the_plan_file_is_reused_and_keeps_the_other_sections(tmp_path, capsys):
     assert sections["plans"] == [] and len(sections["executions"]) == 1
 
 
-def test_short_fits_go_on_with_the_rounds_where_the_last_stopped_and_trace_nothing_again():
+def test_short_fits_go_on_with_the_rounds_where_the_last_stopped_and_trace_nothing_again(monkeypatch):
     """A loop of short fits on one model (one epoch of 10 steps each, calls
     of 4, 4, 2): the first fit's rounds stop undecided and it keeps 1; each
     next fit goes on with the rounds from where the last stopped, instead of
@@ -290,18 +290,15 @@ def test_short_fits_go_on_with_the_rounds_where_the_last_stopped_and_trace_nothi
     model.train_step = lambda data: traces.append(1) or step(data)  # (runs once per trace)
     xla_tries = []
     measure = execution_choice.xla_rounds.measure
-    execution_choice.xla_rounds.measure = lambda *args: xla_tries.append(1) or measure(*args)
-    try:
-        timed, traced = [], []
-        for _ in range(4):
-            calls.clear()
-            _fit(model, epochs=1)
-            timed.append([label for label in calls[::2] if label])
-            traced.append(len(traces))
-            if len(timed) == 1:
-                assert "fit ended before the counts were measured (1 calls timed so far" in strategy.explain()
-    finally:
-        execution_choice.xla_rounds.measure = measure
+    monkeypatch.setattr(execution_choice.xla_rounds, "measure", lambda *args: xla_tries.append(1) or measure(*args))
+    timed, traced = [], []
+    for _ in range(4):
+        calls.clear()
+        _fit(model, epochs=1)
+        timed.append([label for label in calls[::2] if label])
+        traced.append(len(traces))
+        if len(timed) == 1:
+            assert "fit ended before the counts were measured (1 calls timed so far" in strategy.explain()
     # Fit 1: 1's first call traces, its second is timed; fit 2: 4's first call
     # traces, its second is timed; fit 3: 1 and 4 timed once more, decided.
     assert timed == [["1"], ["4"], ["1", "4"], []], timed

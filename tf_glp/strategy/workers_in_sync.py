@@ -2,9 +2,9 @@
 
 Across workers every update is computed from the same cross-worker sums, so
 the workers' weights and optimizer states stay bitwise equal; a bug that
-broke that (issue 63: with one replica per worker the fused update once
-applied each worker's own gradients) would train a different model on each
-worker and report success. So at the end of every epoch — the end of `fit`
+broke that (with one replica per worker the fused update once applied each
+worker's own gradients, until 2026-12-07) would train a different model on
+each worker and report success. So at the end of every epoch — the end of `fit`
 included — the workers compare a checksum per variable (their trainable
 variables and the optimizer's, the state every update writes), in one
 collective of 2 integers per variable, and stop with an error naming the
