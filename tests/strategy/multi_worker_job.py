@@ -6,7 +6,8 @@ Trains a small model with Dropout and BatchNormalization for 2 epochs of 10
 steps (global batch 32, unshuffled, so every run sees the same data order)
 under tf_glp.Strategy(update=--update, default "replicas"), then writes OUT_DIR/w{task}.npz:
 trainable weights, optimizer variables, evaluate() and predict() results.
---kill-at makes worker 1 SIGKILL itself after that global step;
+--kill-at makes worker 1 SIGKILL itself after that global step; --term-at
+sends it SIGTERM (a preemption) after that step;
 --backup adds keras.callbacks.BackupAndRestore(DIR, save_freq=3);
 --worker1-width / --worker1-batch start a bad job (worker 1 differs);
 --stock runs TensorFlow's MultiWorkerMirroredStrategy (one CPU per worker);
@@ -51,6 +52,7 @@ def main(argv=None):
     parser.add_argument("--engine", default=None, choices=["slurm"], help="the cluster from SLURM's variables")
     parser.add_argument("--ray-checkpoint", type=int, default=0, help="tf_glp.callbacks.RayCheckpoint(save_freq=N)")
     parser.add_argument("--preempt-at", type=int, default=0, help="Ray's preemption notice on worker 1 from step N")
+    parser.add_argument("--term-at", type=int, default=0, help="worker 1 sends itself SIGTERM after step N (once)")
     args = parser.parse_args(argv)
 
     import tensorflow as tf
@@ -100,6 +102,16 @@ def main(argv=None):
                 print(f"killing worker {task} after step {args.kill_at}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
 
+    class TermAt(keras.callbacks.Callback):
+        """A preemption signal, as Kubernetes or SLURM sends it, to worker 1."""
+
+        def on_train_batch_end(self, batch, logs=None):
+            marker = os.path.join(args.out, "signalled")  # once: the restarted job runs this again
+            if task == 1 and int(self.model.optimizer.iterations.numpy()) >= args.term_at and not os.path.exists(marker):
+                open(marker, "w").close()
+                print(f"SIGTERM to worker {task} after step {int(self.model.optimizer.iterations.numpy())}", flush=True)
+                os.kill(os.getpid(), signal.SIGTERM)
+
     class FirstStep(keras.callbacks.Callback):
         """Appends the global step this process's fit starts at to
         OUT_DIR/first_steps{task}.txt (a resumed fit starts past 0)."""
@@ -123,6 +135,8 @@ def main(argv=None):
             "draining" if task == 1 and int(model.optimizer.iterations.numpy()) >= args.preempt_at else None)
     if args.kill_at:
         callbacks.append(KillAt())
+    if args.term_at:
+        callbacks.insert(0, TermAt())
     if args.chunking:
         from tf_glp.strategy import chunking_decision, cost_model
 

@@ -1,6 +1,8 @@
 """Joining a cluster (tf_glp/strategy/cluster.py): a worker that never
 comes, a port in use, a malformed TF_CONFIG and a bad timeout each stop the
-worker within a bounded time with a message naming the problem."""
+worker within a bounded time with a message naming the problem; a worker
+lost during training is named from TensorFlow's error (end to end, a killed
+worker: test_multi_worker.py)."""
 
 import io
 import json
@@ -117,3 +119,53 @@ def test_cluster_timeout_must_be_positive(monkeypatch):
     monkeypatch.setenv("TF_GLP_CLUSTER_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="TF_GLP_CLUSTER_TIMEOUT must be a number of seconds > 0, got 'soon'"):
         cluster.cluster_timeout_s()
+
+
+def test_heartbeat_timeout_defaults_to_a_minute_and_must_be_positive(monkeypatch):
+    monkeypatch.delenv("TF_GLP_HEARTBEAT_TIMEOUT", raising=False)
+    assert cluster.heartbeat_timeout_s() == 60
+    monkeypatch.setenv("TF_GLP_HEARTBEAT_TIMEOUT", "2.5")
+    assert cluster.heartbeat_timeout_s() == 2.5
+    for bad in ("soon", "0", "-1"):
+        monkeypatch.setenv("TF_GLP_HEARTBEAT_TIMEOUT", bad)
+        with pytest.raises(ValueError, match=f"TF_GLP_HEARTBEAT_TIMEOUT must be a number of seconds > 0, got '{bad}'"):
+            cluster.heartbeat_timeout_s()
+
+
+# TensorFlow 2.21's errors on a surviving worker (shortened), seen with one
+# of two workers SIGKILLed or SIGSTOPped mid-fit: worker 1 dead or stopped,
+# worker 0's heartbeat check; the chief dead, worker 1's pending collective;
+# the chief stopped (it runs the coordination service), worker 1's heartbeat.
+_HEARTBEAT_LOST = (
+    "Collective ops is aborted by: Error reported from /job:worker/task:1: The following tasks are unhealthy "
+    "(stopped sending heartbeats):\n/job:worker/replica:0/task:1\nThe tasks have crashed. Check the task logs for "
+    "an earlier error, or scheduler events (e.g. preemption, eviction) to debug further.\nThe error could be from a "
+    "previous operation. Restart your program to reset.\n\t [[{{node CollectiveReduceV2}}]]")
+_CONNECTION_LOST = (
+    "Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC error information from remote "
+    "target /job:worker/replica:0/task:0 while calling /tensorflow.WorkerService/RecvBuf:\n:UNKNOWN:Error received "
+    "from peer  {grpc_message:\"recvmsg:Connection reset by peer\", grpc_status:14}")
+
+_LEADER_SILENT = ("Collective ops is aborted by: Deadline Exceeded\n\nRPC: /tensorflow.CoordinationService/Heartbeat\n"
+                  "The error could be from a previous operation. Restart your program to reset.")
+
+
+@pytest.mark.parametrize("task, message, dead, how", [
+    (0, _HEARTBEAT_LOST, 1, "no heartbeat from it reached the coordination service within TF_GLP_HEARTBEAT_TIMEOUT"),
+    (1, _CONNECTION_LOST, 0, "a collective's connection to it broke"),
+    (1, _LEADER_SILENT, 0, "it runs the coordination service, which did not answer this worker's heartbeat within"),
+])
+def test_a_lost_worker_is_named_with_its_address(monkeypatch, task, message, dead, how):
+    import tensorflow as tf
+
+    monkeypatch.setenv("TF_CONFIG", launch.tf_config([5000, 5001], task))
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    kind = tf.errors.DeadlineExceededError if message is _LEADER_SILENT else tf.errors.UnavailableError
+    error = cluster.lost_worker_error(kind(None, None, message), resolver, task)
+    assert str(error).startswith(f"tf_glp.Strategy (worker {task}): the worker /job:worker/task:{dead} "
+                                 f"(127.0.0.1:{5000 + dead}) stopped answering during training ({how}")
+    assert "restart every worker of the job (with keras.callbacks.BackupAndRestore" in str(error)
+    # Other errors, and a task named elsewhere in them, are left as TensorFlow's.
+    for other in (f"Socket closed on /job:worker/replica:0/task:{dead}",
+                  f"from remote target /job:worker/replica:0/task:{task} while calling RecvBuf"):
+        assert cluster.lost_worker_error(tf.errors.UnavailableError(None, None, other), resolver, task) is None

@@ -479,6 +479,13 @@ def normalized_cluster_spec(cluster_resolver):
     return normalize(cluster_resolver.cluster_spec())
 
 
+def coordination_leader(cluster_resolver) -> str:
+    """The task that runs the coordination service, as MultiWorkerMirroredStrategy
+    picks it ("/job:chief/replica:0/task:0", else the first worker)."""
+    leader = internal("tensorflow.python.distribute.multi_worker_util", "coordination_leader")
+    return leader(normalized_cluster_spec(cluster_resolver))
+
+
 def configure_coordination_service(cluster_resolver, register_ms: int, heartbeat_ms: int) -> None:
     """The coordination service as MultiWorkerMirroredStrategy configures
     it, with `register_ms` as its register timeout and `heartbeat_ms` as its

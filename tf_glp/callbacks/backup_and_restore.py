@@ -20,6 +20,12 @@ file names) falls short in four ways, each fixed here:
 - A process killed while writing leaves a half-written backup. Here the
   weights go to a new file and the metadata, which names that file, is
   replaced atomically last; a backup is either the old one or the new one.
+- A preemption signal (SIGTERM, before the engine's SIGKILL) ends the
+  process with everything since the last save lost. Here the signal is
+  caught (preemption.py) and read every `preemption_check_every` steps, at
+  the same step on every worker, which agree through one collective (any
+  worker's signal counts): every worker saves there and exits with
+  preemption.EXIT_CODE, and the restarted job resumes at that step.
 
 tf_glp.Strategy's `fit` puts this class in place of a plain
 `keras.callbacks.BackupAndRestore` with the same arguments, so existing
@@ -39,6 +45,7 @@ import keras
 import numpy as np
 
 from tf_glp._keras import compat
+from tf_glp.callbacks import preemption
 from tf_glp.tuning import store
 
 METADATA = "training_metadata.json"
@@ -56,18 +63,28 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             Defaults to `False`.
         delete_checkpoint: Remove `backup_dir` when training ends. Defaults
             to `True`.
+        preemption_check_every: Steps between reads of the preemption
+            signals (0: never, the signals keep their action). Defaults to
+            `None`: every step on one process (a read costs nothing there),
+            every 10 across workers (a read is a collective).
 
     Example:
         >>> model.fit(ds, epochs=3, callbacks=[tf_glp.callbacks.BackupAndRestore("/shared/backup", save_freq=50)])
     """
 
-    def __init__(self, backup_dir, save_freq="epoch", double_checkpoint=False, delete_checkpoint=True):
+    def __init__(self, backup_dir, save_freq="epoch", double_checkpoint=False, delete_checkpoint=True,
+                 preemption_check_every: int | None = None):
+        preemption.check_every(type(self).__name__, preemption_check_every)
         super().__init__(backup_dir, save_freq=save_freq, double_checkpoint=double_checkpoint,
                          delete_checkpoint=delete_checkpoint)
         self._epoch = 0
         self._batches_done = 0  # in the current epoch
         self._batches_to_skip = 0  # of the first epoch after a restore
         self._skipping = 0  # batches of the current epoch skipped
+        self._preemption_check_every = preemption_check_every
+        self._checks_done = 0  # preemption checks: one each time the step passes a multiple
+        self._signals = preemption.PreemptionSignals()
+        self._saved_for_notice = False
 
     @classmethod
     def from_keras(cls, callback: keras.callbacks.BackupAndRestore) -> BackupAndRestore:
@@ -80,7 +97,12 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         return not compat.in_multi_worker_mode(strategy) or strategy.extended.should_checkpoint
 
     # -- restore -------------------------------------------------------------
-    def on_train_begin(self, logs=None):  # Keras' own restores here, through its _load_model
+    def on_train_begin(self, logs=None):
+        self._restore()
+        if self._check_every():
+            self._signals.install()
+
+    def _restore(self) -> None:  # (Keras' own restores in on_train_begin, through its _load_model)
         metadata_path = os.path.join(self.backup_dir, METADATA)
         metadata = None
         if os.path.exists(metadata_path):
@@ -160,12 +182,58 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         if batch < self._skipping:
             return  # a skipped batch: no backup (its weights are the restored ones, not this batch's)
         super().on_train_batch_end(batch, logs)
+        self._check_preemption()
+
+    # -- preemption ------------------------------------------------------------
+    def _check_every(self) -> int:
+        """Steps between preemption checks (0: none: where the workers
+        cannot agree, another strategy across workers, the signals keep
+        their action and save_freq alone saves)."""
+        strategy = self.model.distribute_strategy
+        across = compat.in_multi_worker_mode(strategy)
+        if across and not hasattr(strategy.extended, "most_on_workers"):
+            return 0
+        if self._preemption_check_every is not None:
+            return self._preemption_check_every
+        return 10 if across else 1
+
+    def _notice(self) -> bool:
+        """Whether a preemption notice other than a signal came (RayCheckpoint: Ray's)."""
+        return False
+
+    def _check_preemption(self) -> None:
+        """Every worker, at the same steps: 2 if any worker got a signal
+        (save and exit), 1 if a notice (save), else 0 (one collective)."""
+        every = self._check_every()
+        checks = _step(self.model) // every if every else self._checks_done
+        if checks == self._checks_done:
+            return
+        self._checks_done = checks
+        mine = 2 if self._signals.received else int(not self._saved_for_notice and self._notice())
+        strategy = self.model.distribute_strategy
+        agreed = strategy.extended.most_on_workers(mine) if compat.in_multi_worker_mode(strategy) else mine
+        if not agreed:
+            return
+        self.save_backup()
+        self._saved_for_notice = True
+        if agreed == 2:
+            self._signals.uninstall()
+            code = preemption.exit_code()
+            print(f"tf_glp.callbacks.{type(self).__name__}: preempted ({self._signals.received or 'another worker'}"
+                  f"'s signal): saved at step {_step(self.model)} in {self.backup_dir}; exiting with status {code} "
+                  f"(the restarted job resumes there)", flush=True)
+            raise SystemExit(code)
 
     def on_epoch_end(self, epoch, logs=None):
         self._epoch, self._batches_done = epoch + 1, 0
         super().on_epoch_end(epoch, logs)
 
-    def _save_model(self):
+    def _save_model(self):  # (Keras' callback calls it every save_freq batches)
+        self.save_backup()
+
+    def save_backup(self) -> None:
+        """Writes the backup now; every worker takes part (call it at the
+        same step on every worker: a save may read distributed variables)."""
         writes = self._writes_backup_dir()
         folder = self.backup_dir if writes else tempfile.mkdtemp(prefix="tf_glp_backup_")
         try:
@@ -191,6 +259,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 shutil.rmtree(folder, ignore_errors=True)
 
     def on_train_end(self, logs=None):
+        self._signals.uninstall()
         if self.delete_checkpoint and self._writes_backup_dir() and os.path.exists(self.backup_dir):
             shutil.rmtree(self.backup_dir)
 

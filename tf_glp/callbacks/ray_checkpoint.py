@@ -18,7 +18,8 @@ A preemption notice (`ray.train.get_preemption_info()`, set when a node of
 the run is being drained, e.g. a spot instance reclaimed) is read every
 `preemption_check_every` steps, at the same step on every worker, which
 agree through one collective (any worker's notice counts): then every worker
-saves and reports at once, so the restart loses at most those steps.
+saves and reports at once, so the restart loses at most those steps. A
+preemption signal does the same, then exits (BackupAndRestore's).
 
 The latest checkpoint: Ray registers a reported checkpoint only when its
 controller next polls the workers (every 2 s), so a worker that dies just
@@ -37,7 +38,7 @@ import posixpath
 import shutil
 import tempfile
 
-from tf_glp._keras import compat
+from tf_glp.callbacks import preemption
 from tf_glp.callbacks.backup_and_restore import METADATA, BackupAndRestore
 
 
@@ -69,16 +70,12 @@ class RayCheckpoint(BackupAndRestore):
     """
 
     def __init__(self, save_freq="epoch", preemption_check_every: int = 10):
-        if not isinstance(preemption_check_every, int) or preemption_check_every < 0:
-            raise ValueError(f"RayCheckpoint: preemption_check_every must be an integer >= 0 (0: never), "
-                             f"got {preemption_check_every!r}")
+        preemption.check_every("RayCheckpoint", preemption_check_every)  # (before Ray's context is read)
         self._ray_train = _ray_train()
         self._context = self._ray_train.get_context()  # (raises outside a Ray Train worker)
-        super().__init__(tempfile.mkdtemp(prefix="tf_glp_ray_checkpoint_"), save_freq=save_freq)
+        super().__init__(tempfile.mkdtemp(prefix="tf_glp_ray_checkpoint_"), save_freq=save_freq,
+                         preemption_check_every=preemption_check_every)
         self._metrics: dict[str, float] = {}
-        self._preemption_check_every = preemption_check_every
-        self._checks_done = 0  # preemption checks: one each time the step passes a multiple
-        self._saved_for_preemption = False
 
     def on_train_begin(self, logs=None):
         checkpoint = self._latest_checkpoint()
@@ -111,27 +108,11 @@ class RayCheckpoint(BackupAndRestore):
 
     def on_train_batch_end(self, batch, logs=None):
         self._keep_metrics(logs)
-        super().on_train_batch_end(batch, logs)
-        if batch >= self._skipping and self._preempted():
-            self._save_model()
+        super().on_train_batch_end(batch, logs)  # (saves where a preemption notice or signal came)
 
-    def _preempted(self) -> bool:
-        """True once, at the first check after a preemption notice reached
-        any worker (every worker checks at the same steps)."""
-        if not self._preemption_check_every or self._saved_for_preemption:
-            return False
-        checks = int(self.model.optimizer.iterations.numpy()) // self._preemption_check_every
-        if checks == self._checks_done:
-            return False
-        self._checks_done = checks
-        notice = getattr(self._ray_train, "get_preemption_info", lambda: None)() is not None
-        strategy = self.model.distribute_strategy
-        if hasattr(strategy.extended, "any_worker"):  # tf_glp across workers: agree on it
-            notice = strategy.extended.any_worker(notice)
-        elif compat.in_multi_worker_mode(strategy):
-            return False  # another strategy's workers cannot agree here: save_freq alone
-        self._saved_for_preemption = notice
-        return notice
+    def _notice(self) -> bool:
+        """Ray's preemption notice (a Ray without get_preemption_info gives none)."""
+        return getattr(self._ray_train, "get_preemption_info", lambda: None)() is not None
 
     def on_epoch_end(self, epoch, logs=None):
         self._keep_metrics(logs)
@@ -141,8 +122,8 @@ class RayCheckpoint(BackupAndRestore):
         self._metrics = {name: float(value) for name, value in (logs or {}).items()
                          if getattr(value, "shape", ()) == () and _is_number(value)}
 
-    def _save_model(self):
-        super()._save_model()  # the chief's backup in backup_dir, written atomically
+    def save_backup(self) -> None:
+        super().save_backup()  # the chief's backup in backup_dir, written atomically
         metrics = {**self._metrics, "epoch": self._epoch, "batches_done": self._batches_done}
         checkpoint = (self._ray_train.Checkpoint.from_directory(self.backup_dir) if self._writes_backup_dir()
                       else None)

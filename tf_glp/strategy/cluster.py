@@ -1,11 +1,18 @@
 """Joining a cluster of workers: TF_CONFIG or a cluster resolver read and
-checked, the coordination service configured, the start-up bounded.
+checked, the coordination service configured, the start-up bounded, and a
+worker lost during training named.
 
 TensorFlow's own start-up waits for every worker without a limit and cannot
 be interrupted; a worker started with a wrong TF_CONFIG or a busy port would
 hang or fail with an error naming nothing. Here each of those is named, and
 the wait ends after TF_GLP_CLUSTER_TIMEOUT seconds (multi_worker_strategy.py starts
 the cluster through `starting`).
+
+Once started, a worker that dies is seen by the others when the coordination
+service misses its heartbeat for TF_GLP_HEARTBEAT_TIMEOUT seconds, or sooner
+where a collective's connection to it breaks; TensorFlow then aborts every
+collective with an error that names the task among lines of gRPC detail, and
+`lost_worker_error` says which worker (task and address) and what to do.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -29,9 +37,11 @@ from tf_glp._keras import compat
 # scheduling); tf_glp.launch, whose workers start together, sets 60.
 DEFAULT_CLUSTER_TIMEOUT_S = 600
 # How long the coordination service waits for a started worker's heartbeat
-# (and at shutdown) before it fails the others: a dead worker is seen in a
-# minute, whatever the start-up allowance.
-HEARTBEAT_TIMEOUT_S = 60
+# (and at shutdown) before it fails the others: a dead worker is seen in
+# about a minute, whatever the start-up allowance. TF_GLP_HEARTBEAT_TIMEOUT
+# (seconds) overrides it: shorter for tests, longer for workers that may stall
+# (a long garbage collection, a saturated network) without being dead.
+DEFAULT_HEARTBEAT_TIMEOUT_S = 60
 
 
 def positive_env(name: str, default, convert=float, what: str = "a number > 0"):
@@ -49,6 +59,10 @@ def positive_env(name: str, default, convert=float, what: str = "a number > 0"):
 
 def cluster_timeout_s() -> float:
     return positive_env("TF_GLP_CLUSTER_TIMEOUT", DEFAULT_CLUSTER_TIMEOUT_S, what="a number of seconds > 0")
+
+
+def heartbeat_timeout_s() -> float:
+    return positive_env("TF_GLP_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT_S, what="a number of seconds > 0")
 
 
 def check_tf_config(text: str) -> None:
@@ -116,11 +130,12 @@ def _addresses(cluster_resolver) -> dict[tuple[str, int], str]:
             for index, address in (tasks.items() if isinstance(tasks, dict) else enumerate(tasks))}
 
 
-def _check_port_free(address: str) -> None:
+def _check_port_free(address: str, port_origin: str | None = None) -> None:
     """Stops a worker whose port is taken. Binds as TensorFlow's gRPC server
     binds (every interface, the port only), so a host name that does not
     resolve yet (a pod's DNS name) passes as it would there; only "address
-    in use" is fatal."""
+    in use" is fatal. `port_origin`: where the port came from and what to do
+    (a resolver's `port_origin`, e.g. tf_glp.slurm_cluster()'s)."""
     port = address.rpartition(":")[2]
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         # As gRPC binds: a port left in TIME_WAIT by a previous run is free.
@@ -130,6 +145,9 @@ def _check_port_free(address: str) -> None:
         except OSError as error:
             if error.errno != errno.EADDRINUSE:
                 return
+            if port_origin:
+                raise RuntimeError(f"tf_glp.Strategy: this worker's address {address} cannot be used: port {port} "
+                                   f"cannot be bound ({error.strerror}). {port_origin}") from None
             raise RuntimeError(f"tf_glp.Strategy: this worker's address {address} (from TF_CONFIG or the "
                                f"cluster resolver) cannot be used: port {port} cannot be bound ({error.strerror}). "
                                f"Free the port or give this worker another one.") from None
@@ -174,6 +192,44 @@ def _bounded_start(peers: list[str], timeout_s: float):
         watchdog.wait()
 
 
+# What TensorFlow 2.21's errors on a surviving worker say of the lost one:
+# the coordination service's list of workers whose heartbeat stopped; the
+# task a collective's RPC went to when its connection broke; this worker's
+# own heartbeat to the service timing out (the service's task is lost).
+_TASK_NAME = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
+_UNHEALTHY = re.compile(r"stopped sending heartbeats\):((?:\s*/job:\w+(?:/replica:\d+)?/task:\d+)+)")
+_REMOTE = re.compile(r"from remote target (/job:\w+(?:/replica:\d+)?/task:\d+)")
+_OWN_HEARTBEAT = "RPC: /tensorflow.CoordinationService/Heartbeat"
+
+
+def lost_worker_error(error: Exception, cluster_resolver, worker_id: int) -> RuntimeError | None:
+    """For `error` (a tf.errors.UnavailableError or DeadlineExceededError out
+    of training across workers): a RuntimeError naming the workers it says
+    were lost (TensorFlow's task names, with their addresses) and what to
+    do; None where it says no other worker of the cluster was."""
+    message = getattr(error, "message", str(error))
+    timeout = f"within TF_GLP_HEARTBEAT_TIMEOUT seconds, default {DEFAULT_HEARTBEAT_TIMEOUT_S}"
+    if unhealthy := _UNHEALTHY.search(message):
+        named, how = unhealthy.group(1), f"no heartbeat from it reached the coordination service {timeout}"
+    elif _OWN_HEARTBEAT in message:
+        named = compat.coordination_leader(cluster_resolver)
+        how = f"it runs the coordination service, which did not answer this worker's heartbeat {timeout}"
+    elif remote := _REMOTE.search(message):
+        named, how = remote.group(1), "a collective's connection to it broke"
+    else:
+        return None
+    addresses = _addresses(cluster_resolver)
+    own = (cluster_resolver.task_type, cluster_resolver.task_id)
+    lost = sorted({(job, int(index)) for job, index in _TASK_NAME.findall(named)} & addresses.keys() - {own})
+    if not lost:
+        return None
+    workers = ", ".join(f"/job:{job}/task:{index} ({addresses[job, index]})" for job, index in lost)
+    return RuntimeError(f"tf_glp.Strategy (worker {worker_id}): the worker{'s' if len(lost) > 1 else ''} {workers} "
+                        f"stopped answering during training ({how}). The other workers cannot go on without it, "
+                        f"and TensorFlow's collectives cannot restart in this process: restart every worker of the "
+                        f"job (with keras.callbacks.BackupAndRestore, fit resumes from its last backup).")
+
+
 # The addresses whose server this process started: a later strategy in the
 # same process (a loop over models) joins the same cluster through it.
 _STARTED: set[str] = set()
@@ -194,11 +250,12 @@ def starting(cluster_resolver):
         yield  # this process's server runs already: nothing to start or wait for
         return
     if own is not None:
-        _check_port_free(own)
+        _check_port_free(own, getattr(cluster_resolver, "port_origin", None))
     # The coordination service as MultiWorkerMirroredStrategy configures it; in TensorFlow 2.21
     # its register timeout was seen not to bound the start-up wait: _bounded_start does.
     timeout_s = cluster_timeout_s()
-    compat.configure_coordination_service(cluster_resolver, int(timeout_s * 1000), HEARTBEAT_TIMEOUT_S * 1000)
+    compat.configure_coordination_service(cluster_resolver, int(timeout_s * 1000),
+                                          max(1, round(heartbeat_timeout_s() * 1000)))
     with _bounded_start(sorted(set(addresses.values()) - {own}), timeout_s):
         try:
             yield

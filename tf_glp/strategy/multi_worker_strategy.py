@@ -158,10 +158,10 @@ class CollectiveHostExtended(compat.collective_extended_class()):
         mine = list(values) if self._glp_worker.is_chief else [0] * len(values)
         return compat.all_reduce_among_workers(self, mine, self._glp_host_ops.host_device, "Add")
 
-    def any_worker(self, flag: bool) -> bool:
-        """Whether `flag` is true on any worker (one collective; eager only,
+    def most_on_workers(self, value: int) -> int:
+        """The largest of the workers' integers (one collective; eager only,
         called by every worker at the same point)."""
-        return compat.all_reduce_among_workers(self, [int(flag)], self._glp_host_ops.host_device, "Max")[0] > 0
+        return int(compat.all_reduce_among_workers(self, [value], self._glp_host_ops.host_device, "Max")[0])
 
     def _gather_to_implementation(self, value, destinations, axis, options):
         ops = self._glp_host_collective_ops if compat.reduces_on_host(self, value) else self._glp_collective_ops
@@ -234,6 +234,11 @@ class MultiWorkerReplicaStrategy(MultiWorkerKerasFixes, Strategy, tf.distribute.
         compat.set_collective_key_base(self, next(_COLLECTIVE_KEY_BASES))
         devices = self._set_up(workers=cluster.worker_count(resolver))
         tf.distribute.Strategy.__init__(self, self._extended_class(self, resolver, devices, self._host_ops))
+
+    def _fit_failed(self, error: Exception) -> None:
+        lost = cluster.lost_worker_error(error, self.cluster_resolver, self.extended.worker_id)
+        if lost is not None:
+            raise lost from error
 
 
 class MultiWorkerHostStrategy(MultiWorkerReplicaStrategy, placement=WORKERS,

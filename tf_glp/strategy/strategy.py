@@ -260,6 +260,9 @@ class Strategy(tf.distribute.Strategy):
     def _prepare_fit(self, model, arguments: dict) -> None:
         fit_setup.prepare(model, self, arguments)
 
+    def _fit_failed(self, error: Exception) -> None:
+        pass  # on one machine TensorFlow's error says what it has to say
+
     @functools.cached_property
     def _choices(self) -> dict:
         """The start-up choices fit runs, in order (fit_setup.startup_choices)."""
