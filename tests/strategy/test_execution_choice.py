@@ -299,13 +299,14 @@ def test_short_fits_go_on_with_the_rounds_where_the_last_stopped_and_trace_nothi
         traced.append(len(traces))
         if len(timed) == 1:
             assert "fit ended before the counts were measured (1 calls timed so far" in strategy.explain()
-    # Fit 1: 1's first call traces, its second is timed; fit 2: 4's first call
-    # traces, its second is timed; fit 3: 1 and 4 timed once more, decided.
-    assert timed == [["1"], ["4"], ["1", "4"], []], timed
+    # Fit 1: 1's first call is timed (XLA's weighing traced and ran it before
+    # fit), 4's first call traces; fit 2: 4 and 1 timed; fit 3: 4 timed once
+    # more, decided. (Every full call of a fit is timed, its last one too.)
+    assert timed == [["1"], ["4", "1"], ["4"], []], timed
     assert "steps_per_execution=4, no XLA: 3.00x as fast as 1" in strategy.explain(), strategy.explain()
     assert len(xla_tries) == 1
-    # Count 1's trace (and count 1's XLA-weighing trace) in fit 1, count 4's in fit 2, nothing after.
-    assert traced[1] > traced[0] and traced[3] == traced[2] == traced[1], traced
+    # Count 1's trace (XLA's weighing, before fit 1) and count 4's, both in fit 1; nothing after.
+    assert traced == [2, 2, 2, 2], traced
 
 
 class LoggingTensorBoard(keras.callbacks.TensorBoard):
@@ -387,10 +388,10 @@ def test_the_count_is_switched_within_the_first_epoch_and_trains_bitwise_like_th
 
 
 def test_an_epochs_last_shorter_call_runs_at_the_largest_count_once_it_is_traced(monkeypatch):
-    """Epochs of 10 steps (4 + 4 + 2), XLA not weighed: the first epoch's
-    last call runs step by step at 1 (4 is not traced yet), every later one
-    in one call of 4 (it stops where the epoch's data ends), before 4 has
-    won and after. Count 1 runs the first epoch and one timed call: 14 steps."""
+    """Epochs of 10 steps (4 + 4 + 2), XLA not weighed: once 4 is traced (the
+    first epoch's second call), an epoch's last, shorter call runs in one
+    call of 4 (it stops where the epoch's data ends), before 4 has won and
+    after. Count 1 runs its two timed calls: 8 steps."""
     runs = {1: 0, 4: 0}
     function_at = execution_choice.CountRounds._function
 
@@ -409,7 +410,8 @@ def test_an_epochs_last_shorter_call_runs_at_the_largest_count_once_it_is_traced
         model = _model()
     _fit(model)
     assert "steps_per_execution=4, no XLA: 3.00x as fast as 1" in strategy.explain(), strategy.explain()
-    assert runs == {1: 14, 4: 8}, runs  # (4: a trace, two timed calls, the last calls of epochs 2-4, epoch 4's two)
+    # (4: its trace, two timed calls, every epoch's last call, the 3 full calls after it won.)
+    assert runs == {1: 8, 4: 10}, runs
     assert int(model.optimizer.iterations.numpy()) == EPOCHS * SAMPLES // BATCH
 
 

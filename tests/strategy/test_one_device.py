@@ -3,8 +3,9 @@ path, the fused optimizer step where it measures faster.
 
 Checked against plain Keras (no strategy) on a model with what users train
 with: augmentation, Dropout, BatchNormalization, metrics, tf.data input,
-mixed precision; custom loops through strategy.run; the optimizer-step
-choice with injected timings (conftest.optimizer_step_winner)."""
+mixed precision, an Embedding's sparse gradients; custom loops through
+strategy.run; the optimizer-step choice with injected timings
+(conftest.optimizer_step_winner)."""
 
 import warnings
 
@@ -112,7 +113,12 @@ def test_the_fused_step_where_it_measures_faster(name, optimizer_step_winner, fu
         # step of the fit (64 samples, batch 16).
         noise = 4 * 1e-3 * 0.01 if name == "Adafactor" else 0.0
         for a, b in zip(ours[1] + ours[2], plain[1] + plain[2], strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(b).max())) + noise)
+            scale = float(np.abs(b).max())
+            # (Ftrl's weights are about lr * g / sqrt(n), far below 1: a tolerance
+            # of 1e-5 would exceed them; it is relative to each array's scale,
+            # as in the Embedding test below.)
+            atol = 2e-3 * scale if name == "Ftrl" else 1e-5 * max(1.0, scale) + noise
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=atol)
         return
     assert ours[0]["loss"] == plain[0]["loss"]
     for a, b in zip(ours[1] + ours[2], plain[1] + plain[2], strict=True):
@@ -274,3 +280,103 @@ def test_compression_has_nothing_to_compress_on_one_device():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tf_glp.Strategy()
+
+
+# -- sparse gradients (an Embedding's IndexedSlices) ---------------------------
+# The fused update takes the dense gradients and Keras' own update the sparse
+# ones, as Keras applies them; the choice between Keras' update and the fused
+# one is timed at the first trace of the update, on the types and shapes of
+# the step's own gradients.
+VOCABULARY, WIDTH = 50, 8
+
+
+def _text_data(n=64):
+    rng = np.random.default_rng(0)
+    return rng.integers(0, VOCABULARY, (n, 6)).astype("int32"), rng.integers(0, 4, n)
+
+
+def _text_model(dense: bool = True):
+    layers = [keras.Input((6,), dtype="int32"), L.Embedding(VOCABULARY, WIDTH), L.GlobalAveragePooling1D()]
+    return keras.Sequential(layers + ([L.Dense(16, activation="relu"), L.Dense(4)] if dense else []))
+
+
+def _fit_text(strategy, optimizer, dense: bool = True):
+    x, y = _text_data()
+    keras.utils.set_random_seed(7)
+    with strategy.scope() if strategy is not None else tf.distribute.get_strategy().scope():
+        model = _text_model(dense)
+        model.compile(optimizer=optimizer(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+                      if dense else "mse")
+    targets = y if dense else tf.one_hot(y, WIDTH)
+    history = model.fit(x, targets, batch_size=16, epochs=1, shuffle=False, verbose=0).history
+    return history, [w.numpy() for w in model.weights], [v.numpy() for v in model.optimizer.variables]
+
+
+def test_the_choice_times_the_dense_gradients_and_leaves_the_sparse_ones_to_keras(monkeypatch):
+    seen, timed = [], []
+    measured, time_updates = optimizer_step.measured, optimizer_step.time_updates
+    monkeypatch.setattr(optimizer_step, "measured", lambda o, g, v, *a: seen.append((g, v)) or measured(o, g, v, *a))
+    monkeypatch.setattr(optimizer_step, "time_updates",
+                        lambda o, v, *a: timed.append(v) or time_updates(o, v, *a))
+    strategy = tf_glp.Strategy(plan_path=None)
+    _fit_text(strategy, lambda: keras.optimizers.Adam(0.01))
+    (grads, variables), = seen  # once: at the first trace of the update
+    kinds = sorted((tuple(v.shape), type(g).__name__) for g, v in zip(grads, variables, strict=True))
+    assert kinds == sorted([((VOCABULARY, WIDTH), "IndexedSlices"), ((WIDTH, 16), "SymbolicTensor"),
+                            ((16,), "SymbolicTensor"), ((16, 4), "SymbolicTensor"), ((4,), "SymbolicTensor")])
+    variables, = timed
+    assert sorted(tuple(v.shape) for v in variables) == sorted([(WIDTH, 16), (16,), (16, 4), (4,)])
+    line = strategy.explain()
+    assert f"the {VOCABULARY * WIDTH:,} parameters with sparse gradients (IndexedSlices)" in line
+    assert f"timed on {WIDTH * 16 + 16 + 16 * 4 + 4:,} of {VOCABULARY * WIDTH + WIDTH * 16 + 16 + 16 * 4 + 4:,}" in line
+
+
+# An Embedding model under tf_glp.Strategy() with Keras' update against plain
+# Keras: seen to differ in the last bits (1.5e-8 in 190 of the table's 400
+# values after 4 Adam steps), also with Grappler's arithmetic optimizers off.
+# The same difference shows between plain Keras under
+# tf.distribute.OneDeviceStrategy and without it at steps_per_execution=4,
+# so it comes from how TensorFlow runs the steps under a strategy, not from
+# the update (which these tests compare bitwise, fused against Keras').
+EMBEDDING_ROUNDING = dict(rtol=1e-6, atol=1e-7)
+
+
+def test_a_model_whose_gradients_are_all_sparse_keeps_keras_update_untimed(monkeypatch, fused_calls):
+    monkeypatch.setattr(optimizer_step, "time_updates", lambda *a, **k: pytest.fail("timed"))
+    strategy = tf_glp.Strategy(plan_path=None)
+    ours = _fit_text(strategy, lambda: keras.optimizers.Adam(0.01), dense=False)
+    plain = _fit_text(None, lambda: keras.optimizers.Adam(0.01), dense=False)
+    assert not fused_calls
+    assert "every gradient is sparse (IndexedSlices)" in strategy.explain()
+    np.testing.assert_allclose(ours[0]["loss"], plain[0]["loss"], **EMBEDDING_ROUNDING)
+    for a, b in zip(ours[1] + ours[2], plain[1] + plain[2], strict=True):
+        np.testing.assert_allclose(a, b, **EMBEDDING_ROUNDING)
+
+
+@pytest.mark.parametrize("name", [row.name for row in FUSED_OPTIMIZER_TABLE])
+def test_an_embedding_model_with_the_fused_step_trains_like_keras_update(name, optimizer_step_winner, fused_calls,
+                                                                         exact_arithmetic):
+    optimizer_step_winner("fused")
+    strategy = tf_glp.Strategy(plan_path=None)
+    ours = _fit_text(strategy, lambda: getattr(keras.optimizers, name)(0.01))
+    assert fused_calls  # the dense gradients' update
+    assert "tf_glp's fused update" in strategy.explain()
+    optimizer_step_winner("native")  # the same path with Keras' update (see EMBEDDING_ROUNDING)
+    keras_update = _fit_text(tf_glp.Strategy(plan_path=None), lambda: getattr(keras.optimizers, name)(0.01))
+    if name in MATCH_KERAS_IN_FIT_TO_ROUNDING:
+        # Ftrl's weights start from z = 0: after its first step they are
+        # -lr * g / sqrt(n), the gradient itself scaled, so a gradient's last
+        # bits show at the weights' own scale (seen: 4.7e-8 on a kernel of at
+        # most 4.4e-5 after one step; the fused Ftrl alone is bitwise Keras'
+        # on the same gradient): for it, a tolerance relative to each array's scale.
+        for a, b in zip(ours[1] + ours[2], keras_update[1] + keras_update[2], strict=True):
+            scale = float(np.abs(b).max())
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-3 * scale if name == "Ftrl" else 1e-6 * max(1.0, scale))
+    else:
+        assert ours[0]["loss"] == keras_update[0]["loss"]
+        for a, b in zip(ours[1] + ours[2], keras_update[1] + keras_update[2], strict=True):
+            np.testing.assert_array_equal(a, b)
+    if name != "ScheduleFreeAdamW":  # (its build writes: plain Keras builds it elsewhere, see above)
+        plain = _fit_text(None, lambda: getattr(keras.optimizers, name)(0.01))
+        for a, b in zip(keras_update[1] + keras_update[2], plain[1] + plain[2], strict=True):
+            np.testing.assert_allclose(a, b, **EMBEDDING_ROUNDING)

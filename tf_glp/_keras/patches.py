@@ -95,6 +95,12 @@ class StrategyHooks(Protocol):
         """Called by `fit` with its bound arguments, before Keras' fit; may
         check them and add callbacks."""
 
+    def _fit_failed(self, error: Exception) -> None:
+        """Called when Keras' fit raises tf.errors.UnavailableError or
+        DeadlineExceededError (across workers: a peer or the coordination
+        service stopped answering); may raise a clearer error from it, else
+        `error` goes on."""
+
     def _micro_batch_train_step(self, model, data):
         """Keras' train_step under micro_batches=M; returns the logs."""
 
@@ -130,8 +136,9 @@ def install() -> None:
 
 def set_fused_update(optimizer, step) -> None:
     """Runs `optimizer`'s update on one device through `step(optimizer,
-    grads, variables)` (the fused native update; None: Keras' own), from
-    its next traced step on."""
+    grads, variables)` (the fused native update, or what decides for it;
+    None: Keras' own), from its next traced step on. The step returns the
+    (gradients, variables) it left to Keras' own update."""
     install()
     setattr(optimizer, _FUSED_STEP, step)
 
@@ -204,11 +211,12 @@ def _install_optimizer_hooks() -> None:
             strategy = _glp_strategy(self)
             fused = _fused_on_one_device(self)
             if fused is not None:
-                if not any(isinstance(g, tf.IndexedSlices) for g in grads):
-                    fused(self, grads, trainable_variables)
+                # The fused step updates what it takes and returns the rest
+                # (sparse gradients; all, where it chose Keras' update): Keras'
+                # own update, with the weight decay the hook below skipped.
+                grads, trainable_variables = fused(self, grads, trainable_variables)
+                if not grads:
                     return None
-                # Sparse gradients: Keras' own update, with the weight decay
-                # the hook below skipped.
                 compat.apply_weight_decay_to_copy(self, trainable_variables)
             if strategy is None or _one_device(strategy):
                 return original(self, grads, trainable_variables, learning_rate)
@@ -284,7 +292,20 @@ def _install_model_hooks() -> None:
         return make_wrapper
 
     compile_wrapper = with_bound_arguments(lambda strategy, m, a: strategy._prepare_compile(m, a))
-    fit_wrapper = with_bound_arguments(lambda strategy, m, a: strategy._prepare_fit(m, a))
+    prepared_fit = with_bound_arguments(lambda strategy, m, a: strategy._prepare_fit(m, a))
+
+    def fit_wrapper(original):
+        prepared = prepared_fit(original)
+
+        def fit(self, *args, **kwargs):
+            try:
+                return prepared(self, *args, **kwargs)
+            except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as error:
+                strategy = _glp_strategy(self)
+                if strategy is not None:
+                    strategy._fit_failed(error)
+                raise
+        return fit
 
     def symbolic_build_wrapper(original):
         # Keras runs this at the start of every fit and evaluate under a

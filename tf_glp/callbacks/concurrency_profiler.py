@@ -7,6 +7,7 @@ import warnings
 import keras
 import tensorflow as tf
 
+from tf_glp._keras import patches
 from tf_glp.profiling import plan as plan_lib
 from tf_glp.profiling import optimizer_step, profiler
 
@@ -143,8 +144,10 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
             write_summaries(self.plan, self.log_dir)
 
     def _choose_optimizer_step(self) -> bool:
-        """Chooses the optimizer step (the `optimizer_step` argument), reused
-        from a matching plan; True if the optimizer's step changed."""
+        """Chooses the optimizer step (the `optimizer_step` argument): reused
+        from a matching plan, else decided at the first trace of the update
+        on the step's own gradients (optimizer_step.DecidedAtFirstTrace);
+        True if the optimizer's step changed."""
         ok, _ = optimizer_step.eligible(self.model)
         if not (ok and self.optimizer_step):
             return False
@@ -152,14 +155,21 @@ class ConcurrencyProfiler(keras.callbacks.Callback):
         stored = self.plan.optimizer if self.plan is not None else None
         if self.reused and stored and stored.get("optimizer_class") == type(optimizer).__name__:
             self._step = stored
-        else:
-            native, fused = optimizer_step.time_updates(optimizer, self.model.trainable_variables, self.trials)
-            self._step = optimizer_step.record(optimizer, native, fused, self.model.trainable_variables)
-            if self.plan is not None:
-                self.plan.optimizer = self._step
-                if self.plan_file and self._writes:
-                    profiler.write_plan(self.plan, self.plan_file)
-        return optimizer_step.take(optimizer, self._step)
+            return optimizer_step.take(optimizer, stored)
+        patches.set_fused_update(optimizer, optimizer_step.DecidedAtFirstTrace(self._measured_step))
+        return True
+
+    def _measured_step(self, optimizer, grads: list, variables: list) -> dict:
+        """The optimizer step measured on these gradients, put in the plan
+        (and printed: the plan's table went out before the first trace)."""
+        self._step = optimizer_step.measured(optimizer, grads, variables, self.trials)
+        if self.verbose:
+            print(plan_lib.optimizer_line(self._step), flush=True)
+        if self.plan is not None:
+            self.plan.optimizer = self._step
+            if self.plan_file and self._writes:
+                profiler.write_plan(self.plan, self.plan_file)
+        return self._step
 
     def _take_the_chiefs_choices(self, agree) -> None:
         """Every worker runs the chief's plan: the same kernels, so the

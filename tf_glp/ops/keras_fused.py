@@ -379,10 +379,17 @@ class FusedKerasUpdate:
             opt.iterations.assign_add(1)
 
 
-def fused_update_step(optimizer: keras.optimizers.Optimizer, grads: Sequence, variables: Sequence) -> None:
+def fused_update_step(optimizer: keras.optimizers.Optimizer, grads: Sequence, variables: Sequence) -> tuple[list, list]:
     """Keras' `_backend_update_step` for one device, fused: what runs in its
     place where the fused update measured faster (tf_glp.profiling.
     optimizer_step, a one-device tf_glp.Strategy; installed by
-    tf_glp._keras.patches.set_fused_update)."""
-    FusedKerasUpdate(optimizer, update_step_only=True).apply(
-        [[g] for g in grads], variables, increment_iterations=False)
+    tf_glp._keras.patches.set_fused_update). Updates the variables whose
+    gradient is dense and returns the rest, (gradients, variables): the
+    sparse ones (IndexedSlices, an Embedding's), which Keras' own update
+    then applies, as Keras would (its ops keep them sparse where they can)."""
+    dense = [i for i, g in enumerate(grads) if not isinstance(g, tf.IndexedSlices)]
+    if dense:
+        FusedKerasUpdate(optimizer, update_step_only=True).apply(
+            [[grads[i]] for i in dense], [variables[i] for i in dense], increment_iterations=False)
+    rest = [i for i in range(len(grads)) if i not in set(dense)]
+    return [grads[i] for i in rest], [variables[i] for i in rest]

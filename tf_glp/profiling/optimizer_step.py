@@ -1,7 +1,6 @@
 """The optimizer step chosen at start-up: Keras' own update or tf_glp's fused
-native one (for tf_glp.ops.FUSED_OPTIMIZERS), measured on the model's variable
-shapes before the first step, for a model trained without a tf.distribute
-strategy on the CPU.
+native one (for tf_glp.ops.FUSED_OPTIMIZERS), for a model trained without a
+tf.distribute strategy on the CPU (or a one-device tf_glp.Strategy).
 
 From the same gradients both compute the same numbers (FusedKerasUpdate
 follows Keras' float32 operations), so the choice changes the speed, and
@@ -10,15 +9,23 @@ changes in their rounding (docs/numerics.md, "The fused optimizer update"). The 
 inside Keras' own `apply` (clipping, EMA, constraints and the step counter
 stay Keras'), through the `_backend_update_step` patch of
 tf_glp/_keras/patches.py; `use_fused_update` turns it on for one optimizer.
+It takes the dense gradients; a sparse one (IndexedSlices: an Embedding's)
+goes to Keras' own update either way (keras_fused.fused_update_step).
 
-Timing: a copy of the optimizer (from its config) on scratch variables of the
-model's shapes, at most MAX_TIMED_PARAMETERS of them (the model and its
-optimizer are not touched), both updates traced once, then timed by the host
-clock in interleaved rounds; a round's call returns once the update has written
-the variables. A small model's update takes a fraction of a millisecond, where
-a few rounds are mostly the clock's and the call's jitter: their interquartile
-ranges overlapped and a faster update went untaken (1.15x-1.35x by the medians
-on the 64-32-10 MLP, whose fit it runs in about 18% less time), so short
+When: at the first trace of the update (DecidedAtFirstTrace), where the
+gradients the user's step computes are at hand: their types and shapes are
+the ones timed, no trace is added, and fit's step functions trace once.
+
+Timing: a copy of the optimizer (from its config) on scratch variables of
+the shapes of the variables whose gradient is dense, at most
+MAX_TIMED_PARAMETERS of them (the model and its optimizer are not touched);
+the sparse ones run Keras' update in both ways and are not timed. Both
+updates traced once, then timed by the host clock in interleaved rounds; a
+round's call returns once the update has written the variables. A small
+model's update takes a fraction of a millisecond, where a few rounds are
+mostly the clock's and the call's jitter: their interquartile ranges
+overlapped and a faster update went untaken (1.15x-1.35x by the medians on
+the 64-32-10 MLP, whose fit it runs in about 18% less time), so short
 updates run more rounds (ROUNDS_BUDGET_S).
 """
 
@@ -79,15 +86,19 @@ def use_fused_update(optimizer, fused: bool = True) -> None:
 
 
 def uses_fused_update(optimizer) -> bool:
-    """Whether `optimizer`'s update runs through the fused native ops."""
-    return patches.fused_update_of(optimizer) is not None
+    """Whether `optimizer`'s update runs through the fused native ops (its
+    dense gradients; for a DecidedAtFirstTrace, once it chose them)."""
+    step = patches.fused_update_of(optimizer)
+    if isinstance(step, DecidedAtFirstTrace):
+        return step.record is not None and step.record["choice"] == "fused"
+    return step is not None
 
 
 def take(optimizer, record: dict) -> bool:
     """Sets the update `record` (see `record`) chose on `optimizer`; True if
     its step changed (a traced train function must then be traced anew)."""
     fused = record["choice"] == "fused"
-    if fused == uses_fused_update(optimizer):
+    if fused == (patches.fused_update_of(optimizer) is fused_update_step):
         return False
     use_fused_update(optimizer, fused)
     return True
@@ -111,10 +122,16 @@ def _timed_shapes(variables) -> list[tuple[int, ...]]:
     return shapes
 
 
+def dense_gradient_variables(grads, variables) -> list:
+    """The variables whose gradient is dense: those the fused update takes
+    (an IndexedSlices one goes to Keras' update in both ways)."""
+    return [v for g, v in zip(grads, variables) if g is not None and not isinstance(g, tf.IndexedSlices)]
+
+
 def time_updates(optimizer, variables, trials: int = 5) -> tuple[list[float], list[float]]:
     """Seconds of one step of Keras' update and of the fused one, per trial
     (at least `trials`; more for short updates, see ROUNDS_BUDGET_S), on
-    scratch variables of these variables' shapes."""
+    scratch variables of these variables' shapes with dense gradients."""
     patches.install()
     rng = np.random.default_rng(0)  # local: the global generators stay untouched
     shapes = _timed_shapes(variables)
@@ -159,11 +176,58 @@ def choose(native: list[float], fused: list[float]) -> tuple[str, str]:
     return "native", f"the fused update measured {gain:.2f}x (needs {needed}x, beyond the spread)"
 
 
-def record(optimizer, native: list[float], fused: list[float], variables) -> dict:
+def record(optimizer, native: list[float], fused: list[float], variables, all_variables=None) -> dict:
     """The plan's optimizer entry for these timings (of time_updates on
-    `variables`)."""
+    `variables`, the dense-gradient ones of `all_variables`: all when not
+    given; `measured` adds how many have sparse gradients)."""
+    all_variables = variables if all_variables is None else all_variables
     choice, reason = choose(native, fused)
     return {"optimizer_class": type(optimizer).__name__, "choice": choice, "reason": reason,
             "native_ms": 1e3 * statistics.median(native), "fused_ms": 1e3 * statistics.median(fused),
             "timed_parameters": sum(int(np.prod(shape)) for shape in _timed_shapes(variables)),
-            "parameters": sum(int(np.prod(v.shape)) for v in variables)}
+            "parameters": _parameters(all_variables), "sparse_parameters": 0}
+
+
+def _parameters(variables) -> int:
+    return sum(int(np.prod(v.shape)) for v in variables)
+
+
+def measured(optimizer, grads, variables, trials: int = 5) -> dict:
+    """The record (see `record`) for the update of `variables` by these
+    gradients (the user's, as the step computes them: only their types and
+    shapes are read): Keras' update against the fused one on the variables
+    whose gradient is dense."""
+    dense = dense_gradient_variables(grads, variables)
+    sparse = _parameters([v for g, v in zip(grads, variables) if isinstance(g, tf.IndexedSlices)])
+    if not dense:
+        return {"optimizer_class": type(optimizer).__name__, "choice": "native",
+                "reason": "every gradient is sparse (IndexedSlices): Keras' update runs them either way",
+                "parameters": _parameters(variables), "sparse_parameters": sparse}
+    native, fused = time_updates(optimizer, dense, trials)
+    return {**record(optimizer, native, fused, dense, variables), "sparse_parameters": sparse}
+
+
+class DecidedAtFirstTrace:
+    """An optimizer's step (patches.set_fused_update) until the first trace
+    of its update, which decides it on the gradients it is given (see the
+    module docstring): `decide(optimizer, grads, variables)` returns the
+    record (`measured`'s, or a stored one); then the chosen update runs, in
+    that trace and every later one.
+
+    Args:
+        decide: Returns the record; called once, outside the trace
+            (tf.init_scope), with the optimizer, its gradients as the trace
+            holds them, and the variables.
+    """
+
+    def __init__(self, decide):
+        self._decide = decide
+        self.record: dict | None = None
+
+    def __call__(self, optimizer, grads, variables) -> tuple[list, list]:
+        if self.record is None:
+            with tf.init_scope():  # (the timing runs eagerly, beside the trace)
+                self.record = self._decide(optimizer, list(grads), list(variables))
+        if self.record["choice"] == "fused":
+            return fused_update_step(optimizer, grads, variables)
+        return list(grads), list(variables)

@@ -182,6 +182,9 @@ def optimizer_line(record: dict) -> str:
     if all(key in record for key in ("native_ms", "fused_ms", "timed_parameters", "parameters")):
         said += (f"; timed on {record['timed_parameters']:,} of {record['parameters']:,} parameters: Keras "
                  f"{record['native_ms']:.3f} ms, fused {record['fused_ms']:.3f} ms")
+    if record.get("sparse_parameters"):
+        said += (f"; the {record['sparse_parameters']:,} parameters with sparse gradients (IndexedSlices) take "
+                 f"Keras' update either way, not timed")
     said += f"; {record['source']}" if record.get("source") else ""
     return f"optimizer step: {chosen}" + (f" ({said})" if said else "")
 

@@ -149,12 +149,10 @@ class ExecutionChoice:
     Args:
         strategy: The tf_glp.Strategy (its settings: allow_xla, plan_path;
             XLA only on one device).
-        before_measuring: Called with the model before anything is traced
-            (one device: the optimizer step's choice). Defaults to `None`.
     """
 
-    def __init__(self, strategy, before_measuring=None):
-        self._strategy, self.before_measuring = strategy, before_measuring
+    def __init__(self, strategy):
+        self._strategy = strategy
         self.allow_xla = strategy.settings.allow_xla and strategy._is_one_device
         self.plan_path = store.resolve(strategy.settings.plan_path)
         self.clock, self.current = time.perf_counter, ""  # (tests inject a clock; it reads `current`, the way timed)
@@ -405,13 +403,13 @@ class CountRounds(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         model, state = self.model, self._state
-        if self._choice.before_measuring is not None:  # (the optimizer step is read where the function traces)
-            self._choice.before_measuring(model)
         self._user_test = model.test_function
         # (XLA's weighing traced them on the first batch; else count 1's is the one fit made, untraced)
         largest = self._at[self._largest] = state.functions.pop(self._way(self._largest), (None, None))[0]
         self._called.update([self._largest] if largest else [])
-        self._at[1] = state.functions.pop(self._way(1), (None, None))[0] or model.train_function
+        one = state.functions.pop(self._way(1), (None, None))[0]
+        self._called.update([1] if one else [])  # (XLA's weighing ran it: its next call is timed)
+        self._at[1] = one or model.train_function
         model.steps_per_execution, model.train_function, model.test_function = self._largest, self, None
 
     def _function(self, count: int):
@@ -440,13 +438,21 @@ class CountRounds(keras.callbacks.Callback):
         steps = min(self._largest, self._epoch_steps - self._done) if self._epoch_steps else self._largest
         self._done += steps
         self._steps += steps
-        if self._winner is None and self._steps >= self._fit_steps:
+        last = self._winner is None and self._steps >= self._fit_steps
+        if last and steps < self._largest:
             self._unmeasured()  # (said before fit's callbacks end: the profiler's plan notes explain())
         if steps < self._largest:  # an epoch's last, shorter call (not timed)
             return self._run(self._largest if self._winner != 1 and self._largest in self._called else 1, steps,
                              iterator)
         if self._winner is not None or not self._queue:
             return self._run(self._winner or 1, steps, iterator)
+        logs = self._measured_call(steps, iterator)
+        if last and self._winner is None:  # (the fit's last call is timed too: a fit of two calls times one)
+            self._unmeasured()
+        return logs
+
+    def _measured_call(self, steps: int, iterator):
+        """Runs the next queued count's call: timed, or its trace."""
         count = self._queue.pop(0)
         if count not in self._called:  # (its first call traces: run, not timed, and queued again)
             self._queue.insert(0, count)

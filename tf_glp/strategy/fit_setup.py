@@ -26,14 +26,10 @@ from tf_glp.tuning import rounds
 def startup_choices(strategy) -> dict:
     """`strategy`'s start-up choices by what they choose, in the order fit
     runs them (listed in tf_glp/tuning/__init__.py), the strategy's own
-    (`_own_choices`: the concept under update="auto") first. On one device
-    the optimizer step comes last, yet the execution choice decides it
-    before its own counts (their functions read it where they trace)."""
-    own = strategy._own_choices()
-    step = own.pop("optimizer step", None)
-    choices = {**own, "execution": execution_choice.ExecutionChoice(strategy, step.decide if step else None),
-               "chunking": chunking_decision.ChunkingChoice(strategy)}
-    return {**choices, "optimizer step": step} if step else choices
+    (`_own_choices`: the concept under update="auto"; on one device the
+    optimizer step, decided at the first trace of the update) first."""
+    return {**strategy._own_choices(), "execution": execution_choice.ExecutionChoice(strategy),
+            "chunking": chunking_decision.ChunkingChoice(strategy)}
 
 
 def prepare(model, strategy, arguments: dict) -> None:

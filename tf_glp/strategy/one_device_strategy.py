@@ -8,9 +8,10 @@ per step over plain Keras on a tiny model on this project's 2-core machine,
 docs/performance.md). So without GPUs tf_glp trains on one
 device through the path plain Keras takes, with one change where it pays:
 the optimizer step runs through tf_glp's fused native update
-(tf_glp.ops.FusedKerasUpdate, on float32 weights) where that measured faster on the model's own shapes at the start
-of the first fit (tf_glp.profiling.optimizer_step, as the start-up
-profiler measures it), Keras' own update otherwise; and fit's steps run
+(tf_glp.ops.FusedKerasUpdate, on float32 weights, for the dense gradients)
+where that measured faster at the first trace of the update, on the
+shapes and types of the step's own gradients (tf_glp.profiling.
+optimizer_step), Keras' own update otherwise; and fit's steps run
 several per call where that measured faster and no callback minds
 (execution_choice.py; XLA too, with allow_xla=True).
 
@@ -27,7 +28,7 @@ import warnings
 import keras
 import tensorflow as tf
 
-from tf_glp._keras import compat
+from tf_glp._keras import compat, patches
 from tf_glp.ops.keras_fused import fused_optimizer
 from tf_glp.profiling import optimizer_step, plan as plan_lib
 from tf_glp.strategy import concepts
@@ -45,52 +46,57 @@ class OneDeviceExtended(compat.one_device_extended_class()):
 
 class OptimizerStepChoice:
     """The optimizer step of a one-device tf_glp.Strategy: Keras' update or
-    the fused one, measured once per optimizer at the start of its first fit
-    and kept in the plan store, so that the next run trains as this one did."""
+    the fused one, decided once per optimizer at the first trace of its
+    update, on the gradients the user's step computes
+    (optimizer_step.DecidedAtFirstTrace), and kept in the plan store, so
+    that the next run trains as this one did."""
 
     def __init__(self, strategy):
         self._strategy = strategy
-        self._optimizer_id: int | None = None
-        self.record: dict | None = None
-
-    def decided(self, optimizer) -> bool:
-        return optimizer is not None and self._optimizer_id == id(optimizer)
+        self.record: dict | None = None  # the last decided optimizer's, for explain()
 
     def prepare(self, model, arguments: dict, batch: int | None, callbacks: list) -> list:
-        """The start-up choice (tf_glp/tuning): decided at the start of fit's
-        training (or before, where the steps per execution measure first)."""
-        return [] if self.decided(model.optimizer) else [OptimizerStepDecision(self)]
-
-    def decide(self, model: keras.Model) -> bool:
-        """Measures (or keeps) the choice for `model`'s optimizer and sets it
-        on the optimizer. True if its step changed (the train function must
-        then be traced anew)."""
+        """The start-up choice (tf_glp/tuning): an optimizer not decided yet
+        gets the step that decides at its first trace (or Keras' update,
+        with the reason, where the fused one cannot run)."""
         optimizer = model.optimizer
-        if self.decided(optimizer):
-            return False
+        if optimizer is None or patches.fused_update_of(optimizer) is not None or getattr(
+                optimizer, _DECIDED, False):
+            return []
         ok, why = optimizer_step.eligible(model, one_device_strategy=self._strategy)
-        if ok:
-            path = store.resolve(self._strategy.settings.plan_path)
-            key = _step_key(model)
-            stored = store.read_plan(path, key, store.OPTIMIZER_STEPS, _valid_step, WHO) if path else None
-            if stored is not None:
-                self.record = {**{k: v for k, v in stored.items() if k != "key"}, "source": f"reused {path}"}
-            else:
-                native, fused = optimizer_step.time_updates(optimizer, model.trainable_variables)
-                self.record = optimizer_step.record(optimizer, native, fused, model.trainable_variables)
-                if path:
-                    store.write_entry(path, key, self.record, store.OPTIMIZER_STEPS, _valid_step, WHO)
-        else:
+        if not ok:
             self.record = {"optimizer_class": type(optimizer).__name__, "choice": "native", "reason": why}
-        self._optimizer_id = id(optimizer)
-        return optimizer_step.take(optimizer, self.record)  # (as the start-up profiler sets it)
+            setattr(optimizer, _DECIDED, True)
+            return []
+        key = _step_key(model)
+        patches.set_fused_update(optimizer, optimizer_step.DecidedAtFirstTrace(
+            lambda optimizer, grads, variables: self._decide(key, optimizer, grads, variables)))
+        return []
+
+    def _decide(self, key: dict, optimizer, grads: list, variables: list) -> dict:
+        """The record for `optimizer`: the stored one for this key, else
+        measured on these gradients (and stored)."""
+        setattr(optimizer, _DECIDED, True)
+        key = {**key, "sparse": [isinstance(g, tf.IndexedSlices) for g in grads]}
+        path = store.resolve(self._strategy.settings.plan_path)
+        stored = store.read_plan(path, key, store.OPTIMIZER_STEPS, _valid_step, WHO) if path else None
+        if stored is not None:
+            self.record = {**{k: v for k, v in stored.items() if k != "key"}, "source": f"reused {path}"}
+        else:
+            self.record = optimizer_step.measured(optimizer, grads, variables)
+            if path:
+                store.write_entry(path, key, self.record, store.OPTIMIZER_STEPS, _valid_step, WHO)
+        return self.record
 
     def explain_line(self) -> str:
         if self.record is None:
-            return "  optimizer step: decided at the start of the first fit (Keras' update or the fused one)"
+            return ("  optimizer step: decided at the first trace of the update in the first fit (Keras' update "
+                    "or the fused one, timed on the step's own gradients)")
         return f"  {plan_lib.optimizer_line(self.record)}"
 
 
+# Set on an optimizer whose step is decided (its record is the choice's).
+_DECIDED = "_tf_glp_step_decided"
 WHO = "tf_glp.Strategy (optimizer step)"
 
 
@@ -102,22 +108,9 @@ def _step_key(model: keras.Model) -> dict:
 
 def _valid_step(entry: dict) -> bool:
     return entry.get("choice") in ("fused", "native") and all(
-        isinstance(entry.get(field), (int, float)) for field in ("native_ms", "fused_ms", "timed_parameters",
-                                                                  "parameters"))
-
-
-class OptimizerStepDecision(keras.callbacks.Callback):
-    """Decides a one-device tf_glp.Strategy's optimizer step at the start of
-    fit (added to fit by tf_glp.Strategy; fit has made its step functions
-    but not traced them, so a changed step costs no retrace)."""
-
-    def __init__(self, choice: OptimizerStepChoice):
-        super().__init__()
-        self._choice = choice
-
-    def on_train_begin(self, logs=None):
-        if self._choice.decide(self.model):
-            self.model.make_train_function(force=True)
+        isinstance(entry.get(field), (int, float)) for field in ("parameters", "sparse_parameters")) and (
+        entry["choice"] == "native" or all(isinstance(entry.get(field), (int, float))
+                                           for field in ("native_ms", "fused_ms", "timed_parameters")))
 
 
 class SingleDeviceStrategy(Strategy, tf.distribute.OneDeviceStrategy, placement=ONE_DEVICE,

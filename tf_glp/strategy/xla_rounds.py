@@ -15,7 +15,6 @@ import warnings
 import tensorflow as tf
 
 from tf_glp._keras import compat
-from tf_glp.profiling import optimizer_step
 from tf_glp.tuning import rounds as rounds_lib, rule
 
 XLA_TRACES = 3  # XLA's compile, in traces of the step (about 3x on this machine's models)
@@ -32,8 +31,6 @@ def measure(choice, state, model, arguments: dict, batch: int | None, base, xla,
     if not compat.nothing_to_build(model):
         with model.distribute_strategy.scope():
             compat.symbolic_build(model, data)
-    if choice.before_measuring is not None:
-        choice.before_measuring(model)
     times, compile_s, error = _rounds(model, data, base, xla, choice, state, fit_steps)
     if error:
         return error
@@ -59,7 +56,6 @@ def _rounds(model, data, base, xla, choice, state, fit_steps: int):
     measured."""
     optimizer, strategy = model.optimizer, model.distribute_strategy
     compiled = (model.steps_per_execution, model.jit_compile)
-    fused = optimizer_step.uses_fused_update(optimizer)
     restore = rounds_lib.variables_kept(strategy, [*model.variables, *optimizer.variables])
     rows = int(tf.nest.flatten(data)[0].shape[0])
     dataset = strategy.experimental_distribute_dataset(
@@ -68,7 +64,7 @@ def _rounds(model, data, base, xla, choice, state, fit_steps: int):
     functions = {}
     try:
         start = time.perf_counter()
-        functions[one] = _traced(model, one, fused, dataset)
+        functions[one] = _traced(model, one, dataset)
         trace_s = time.perf_counter() - start
         state.functions[one] = (functions[one][0], None)
         start = time.perf_counter()  # a second call: the step's time, to weigh XLA's compile
@@ -83,7 +79,7 @@ def _rounds(model, data, base, xla, choice, state, fit_steps: int):
                 continue
             start = time.perf_counter()
             try:
-                functions[way] = _traced(model, way, fused, dataset)
+                functions[way] = _traced(model, way, dataset)
             except Exception as error:  # noqa: BLE001 (an op XLA lacks, say; the base's error is the user's)
                 if way == base:
                     raise
@@ -103,22 +99,20 @@ def _rounds(model, data, base, xla, choice, state, fit_steps: int):
     finally:
         choice.current = ""
         model.steps_per_execution, model.jit_compile = compiled
-        optimizer_step.use_fused_update(optimizer, fused)
         model.train_function = None
         restore()
         model.reset_metrics()
 
 
-def _traced(model, way, fused: bool, dataset) -> tuple:
+def _traced(model, way, dataset) -> tuple:
     """Keras' train function for `way` and an iterator over `dataset`,
     after its first call (the trace; XLA's compile)."""
-    model.steps_per_execution = way.steps_per_execution
+    model.steps_per_execution = way.steps_per_execution  # (the fused ops never run inside XLA: patches.py)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (Keras warns where a layer does not support XLA: checked below)
         model.jit_compile = way.xla
     if model.jit_compile != way.xla:
         raise ValueError("a layer of this model does not support XLA (Keras' model_supports_jit)")
-    optimizer_step.use_fused_update(model.optimizer, fused and not way.xla)  # (fused ops cannot run in XLA)
     model.make_train_function(force=True)
     iterator = iter(dataset)
     rounds_lib.sync(model.train_function(iterator))

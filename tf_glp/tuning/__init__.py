@@ -7,11 +7,11 @@ share, and the interface each implements.
 
 The choices (StartupChoice), in the order tf_glp/strategy/fit_setup.py runs
 them (the one list of them; other modules point here): update="auto"'s
-concept (strategy/update_choice.py), the steps per execution and XLA
-(strategy/execution_choice.py), chunking="auto"
-(strategy/chunking_decision.py), on one device the optimizer step
-(strategy/one_device_strategy.py; decided early, inside the execution
-choice: fit_setup.startup_choices). Their win thresholds: rule.py. The
+concept (strategy/update_choice.py) or, on one device, the optimizer step
+(strategy/one_device_strategy.py; decided at the first trace of the
+update, on the step's own gradients: profiling/optimizer_step.py), the
+steps per execution and XLA (strategy/execution_choice.py), chunking="auto"
+(strategy/chunking_decision.py). Their win thresholds: rule.py. The
 layer profiler (tf_glp/callbacks/concurrency_profiler.py) is a callback the
 user adds, with a plan of its own.
 """
