@@ -5,6 +5,9 @@
 #   tools/dev.sh test         # install into .venv, run native + Python tests
 #                             # (then the Ray Train tests, unless pytest args are given)
 #   tools/dev.sh sanitize     # the native core tests under ASan + UBSan (CI)
+#   tools/dev.sh claims       # the docs' citations and numbers against the tests
+#                             # and benchmark records (CI; tools/claims.py; no install:
+#                             # needs the .venv that `test` built)
 # TF_GLP_VENV picks another virtual environment folder (default .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,8 +72,16 @@ case "${1:-}" in
     # (cc/CMakeLists.txt, TF_GLP_SANITIZE).
     native_tests build/cc_sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTF_GLP_SANITIZE=ON
     ;;
+  claims)
+    shift
+    # Markdown files as arguments (paths from the repository root) check
+    # those; none, tools/claims.py's CHECKED_FILES. It collects the tests
+    # (pytest --collect-only imports TensorFlow): the venv that `test`
+    # installed, no install of its own.
+    exec "$PY" tools/claims.py "$@"
+    ;;
   *)
-    echo "usage: tools/dev.sh quickstart|test|sanitize [extra args]" >&2
+    echo "usage: tools/dev.sh quickstart|test|sanitize|claims [extra args]" >&2
     exit 2
     ;;
 esac
