@@ -420,6 +420,24 @@ def test_environment_cluster_from_variables_with_ports():
     assert resolver.task_id == 0  # (RANK is read before JOB_COMPLETION_INDEX)
 
 
+def test_strategy_reads_the_host_list_where_no_tf_config_is_set(monkeypatch):
+    # tf_glp.Strategy() with no resolver (cluster.resolve_cluster): an Indexed
+    # Job's pod needs no change to the script; TF_CONFIG, when set, wins.
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    for name in resolvers.RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TF_GLP_WORKER_HOSTS", "train-{index}.train:2222")
+    monkeypatch.setenv("TF_GLP_WORKERS", "2")
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "1")
+    resolver = cluster.resolve_cluster()
+    assert _workers(resolver) == ["train-0.train:2222", "train-1.train:2222"] and resolver.task_id == 1
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 0}}')
+    assert _workers(cluster.resolve_cluster()) == ["h:1"]
+    monkeypatch.delenv("TF_CONFIG")
+    monkeypatch.delenv("TF_GLP_WORKER_HOSTS")
+    assert cluster.resolve_cluster() is None
+
+
 @pytest.mark.parametrize("hosts, env, message", [
     (None, {"RANK": "0"}, "no hosts given and TF_GLP_WORKER_HOSTS is not set"),
     ("w-{index}", {"RANK": "0"}, "needs a worker count: set TF_GLP_WORKERS or WORLD_SIZE"),

@@ -29,6 +29,7 @@ import sys
 import tensorflow as tf
 
 from tf_glp._keras import compat
+from tf_glp.strategy import resolvers
 
 # How long a worker waits for the others at start-up before it stops with a
 # message naming the silent ones (_bounded_start), and the coordination
@@ -104,17 +105,21 @@ def check_tf_config(text: str) -> None:
 
 def resolve_cluster(cluster_resolver=None):
     """The cluster this process belongs to: `cluster_resolver` if given,
-    else TF_CONFIG's when it names a cluster, else None (one machine)."""
+    else TF_CONFIG's when it names a cluster, else TF_GLP_WORKER_HOSTS's
+    (tf_glp.environment_cluster(): the host list a Kubernetes Indexed Job's
+    manifest sets, with the pod's index), else None (one machine)."""
     if cluster_resolver is not None:
         if not isinstance(cluster_resolver, tf.distribute.cluster_resolver.ClusterResolver):
             raise ValueError(f"cluster_resolver must be a tf.distribute.cluster_resolver.ClusterResolver, "
                              f"got {type(cluster_resolver).__name__}")
         return cluster_resolver
     text = os.environ.get("TF_CONFIG", "").strip()
-    if not text:
-        return None
-    check_tf_config(text)
-    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if text:
+        check_tf_config(text)
+        return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if os.environ.get(resolvers.HOSTS_VARIABLE, "").strip():
+        return resolvers.environment_cluster()
+    return None
 
 
 def worker_count(cluster_resolver) -> int:

@@ -40,6 +40,9 @@ RESERVED_PORTS_VARIABLE = "SLURM_STEP_RESV_PORTS"
 # SLURM's limit on the hosts of one range (MAX_RANGE in src/common/hostlist.h,
 # MAX_SLURM_NODES): longer lists are refused rather than built.
 MAX_HOSTS = 65536
+# The workers' host list environment_cluster reads by default, and
+# tf_glp.Strategy() where no TF_CONFIG is set (cluster.resolve_cluster).
+HOSTS_VARIABLE = "TF_GLP_WORKER_HOSTS"
 # Where runtimes other than SLURM put a worker's rank, in the order read.
 RANK_VARIABLES = ("TF_GLP_RANK", "RANK", "JOB_COMPLETION_INDEX", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 DEFAULT_PORT = 2222  # (TFJob's port)
@@ -179,9 +182,9 @@ def environment_cluster(hosts=None, rank: int | None = None, port: int = DEFAULT
     """
     env = os.environ if environ is None else environ
     if hosts is None:
-        hosts = env.get("TF_GLP_WORKER_HOSTS")
+        hosts = env.get(HOSTS_VARIABLE)
         if not hosts:
-            raise ValueError("environment_cluster: no hosts given and TF_GLP_WORKER_HOSTS is not set")
+            raise ValueError(f"environment_cluster: no hosts given and {HOSTS_VARIABLE} is not set")
     names = [h.strip() for h in hosts.split(",")] if isinstance(hosts, str) else [str(h) for h in hosts]
     if len(names) == 1 and "{index}" in names[0]:
         count_name = next((n for n in ("TF_GLP_WORKERS", "WORLD_SIZE") if env.get(n)), None)

@@ -86,7 +86,8 @@ class Strategy(tf.distribute.Strategy):
             (micro_batches.py). Across workers, every worker's replicas count.
         cluster_resolver: A ClusterResolver (e.g. tf_glp.slurm_cluster())
             to train across workers; without it, TF_CONFIG's cluster when set
-            (`python -m tf_glp.launch` sets it). Each worker's host sums its
+            (`python -m tf_glp.launch` sets it), else TF_GLP_WORKER_HOSTS's
+            (tf_glp.environment_cluster(), e.g. a Kubernetes Indexed Job). Each worker's host sums its
             replicas; the workers' sums meet in TensorFlow's collective
             all-reduce (multi_worker_strategy.py).
         plan_path: Where the start-up choices are kept for the next run
