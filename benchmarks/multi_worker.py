@@ -1,7 +1,12 @@
 """Multi-worker tf_glp.Strategy next to one process, on local workers.
 
-    python benchmarks/multi_worker.py                  # print the table
+    python benchmarks/multi_worker.py                  # print the table, append a record
     python benchmarks/multi_worker.py --write-results  # and write its section of RESULTS.md
+
+Every run appends its record (records.py) to
+benchmarks/records/multi_worker.jsonl: each configuration's figures, the
+tf_glp configurations' ratios to one process, and the workers-in-sync
+check's first and later times, with their medians and spread.
 
 Trains the same MLP (784-1024-1024-10, Adam, global batch 256, synthetic
 data) in these configurations, each in its own processes:
@@ -36,6 +41,7 @@ import subprocess
 import sys
 import time
 
+import records
 from child_process import child_setup, print_result, result_in
 from results_file import write_section
 
@@ -160,6 +166,18 @@ def main() -> None:
     elapsed = time.time() - started
     print("\n".join(rows))
     print(f"benchmark took {elapsed:.0f} s")
+    checked = [results[label]["check_ms"] for label, *_ in CONFIGS if results[label].get("check_ms")]
+    ratios = {}
+    for label, _, _, concept in CONFIGS:
+        base = results.get(f"one process x 2 replicas, {concept.replace('-', ' ')}", {})
+        if "steps_per_s" in results[label] and "steps_per_s" in base and not label.startswith("one process"):
+            ratios[label] = round(results[label]["steps_per_s"] / base["steps_per_s"], 2)
+    records.append("multi_worker", {
+        "seconds": round(elapsed, 1), "configurations": results, "steps_per_s_vs_one_process": ratios,
+        # Across the configurations with several workers: the first check of
+        # a fit (it traces its function) and the later ones.
+        "check_first_ms": records.summary([c[0] for c in checked]) if checked else None,
+        "check_later_ms": records.summary([ms for c in checked for ms in c[1:]]) if checked else None})
     if args.write_results:
         text = [f"Date: {datetime.date.today().isoformat()}. "
                 f"Machine: {platform.machine()}, {os.cpu_count()} cores, shared by all workers. Command: "

@@ -47,8 +47,9 @@ def pytest_ignore_collect(collection_path, config):
 # file runs whole in one process, handed out in collection order: started
 # last, test_keras_own_tests.py kept one core busy alone for the last 3
 # minutes of an 18-minute run (2026-12-07).
-SLOW_FIRST = ("strategy/test_multi_worker.py", "strategy/test_keras_own_tests.py", "test_examples.py",
-              "bench/test_compare.py")
+SLOW_FIRST = ("strategy/test_keras_own_tests.py", "strategy/test_multi_worker_configurations.py",
+              "strategy/test_multi_worker.py", "strategy/test_real_models.py", "test_examples.py",
+              "test_engine_examples.py", "bench/test_compare.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -50,15 +50,17 @@ case "${1:-}" in
     install
     shift
     native_tests build/cc -DCMAKE_BUILD_TYPE=Release
-    # Two pytest processes (pytest-xdist), each test file whole in one of
+    # Three pytest processes (pytest-xdist), each test file whole in one of
     # them (its module fixtures built once): much of the suite is Python
-    # tracing and process start-up, which one core runs at a time.
+    # tracing, process start-up and workers waiting on each other, which
+    # leave a core idle; on the 2-core machine 3 processes ran the suite in
+    # 16.3 min where 2 took 18.5 (2026-12-07/08).
     # --max-worker-restart 0: a worker that dies (a segfault inside
     # TensorFlow was seen once, 2026-12-04, in a tf.data iterator's
     # teardown during evaluate()) ends the run at once, naming its test;
     # with restarts, xdist 3.8's loadfile scheduler can wait forever
     # (pytest-dev/pytest-xdist issue 1378).
-    "$PY" -m pytest -q -n "${TF_GLP_TEST_PROCESSES:-2}" --dist loadfile --max-worker-restart 0 "$@"
+    "$PY" -m pytest -q -n "${TF_GLP_TEST_PROCESSES:-3}" --dist loadfile --max-worker-restart 0 "$@"
     # The Ray Train tests, a step of their own (a local Ray cluster whose
     # workers would otherwise share the cores with the suite's processes);
     # left out when pytest arguments pick tests.

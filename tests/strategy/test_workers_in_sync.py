@@ -1,5 +1,5 @@
 """The checksum behind the workers-in-sync check (tf_glp/strategy/workers_in_sync.py);
-the check itself runs across workers in test_multi_worker.py."""
+the check itself runs across workers in test_multi_worker_configurations.py."""
 
 import numpy as np
 import pytest

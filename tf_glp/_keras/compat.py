@@ -9,7 +9,7 @@ it for; `missing_internals()` names those the installed versions lack.
 tests/test_keras_compat.py fails loudly on any of them, and on the
 instance-level ones (an optimizer's slot lists, and the instance attributes
 the accessors below read or set) built from real Keras objects; the
-multi-worker ones are checked by tests/strategy/test_multi_worker.py.
+multi-worker ones are checked by tests/strategy/test_multi_worker*.py.
 `require_internals()` (patches.install() calls it) raises instead of
 letting tf_glp run half-patched.
 
