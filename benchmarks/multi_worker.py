@@ -33,10 +33,8 @@ memory), not what more machines gain.
 from __future__ import annotations
 
 import argparse
-import datetime
 import io
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -172,24 +170,40 @@ def main() -> None:
         base = results.get(f"one process x 2 replicas, {concept.replace('-', ' ')}", {})
         if "steps_per_s" in results[label] and "steps_per_s" in base and not label.startswith("one process"):
             ratios[label] = round(results[label]["steps_per_s"] / base["steps_per_s"], 2)
-    records.append("multi_worker", {
+    record = records.append("multi_worker", {
         "seconds": round(elapsed, 1), "configurations": results, "steps_per_s_vs_one_process": ratios,
         # Across the configurations with several workers: the first check of
         # a fit (it traces its function) and the later ones.
         "check_first_ms": records.summary([c[0] for c in checked]) if checked else None,
         "check_later_ms": records.summary([ms for c in checked for ms in c[1:]]) if checked else None})
     if args.write_results:
-        text = [f"Date: {datetime.date.today().isoformat()}. "
-                f"Machine: {platform.machine()}, {os.cpu_count()} cores, shared by all workers. Command: "
-                f"`python benchmarks/multi_worker.py --write-results` ({elapsed:.0f} s). MLP 784-1024-1024-10, "
-                f"Adam, global batch {GLOBAL_BATCH}, {STEPS_PER_EPOCH} steps per epoch; start-up = strategy "
-                f"creation (cluster), model build (broadcast), tracing and the first {STEPS_PER_EPOCH} steps; "
-                f"steady = the next "
-                f"{(EPOCHS - 1) * STEPS_PER_EPOCH} steps. Chief's clock. The check compares "
-                f"1.86 M weights and Adam's 3.72 M state values across the workers at each epoch's end "
-                f"(tf_glp/strategy/workers_in_sync.py); it is inside the epochs timed, and runs only where "
-                f"there are several workers.", "", *rows, ""]
-        write_section("Multi-worker", "\n".join(text))
+        write_section("Multi-worker", render(record, rows))
+
+
+def render(record: dict, rows: list[str]) -> str:
+    """RESULTS.md's section: the run's table and what it shows, from its record."""
+    text = [f"Record `{record['id']}` (benchmarks/records/multi_worker.jsonl): {record['date'][:10]}, commit "
+            f"{record['commit']}{' with changes' if record['tree_changed'] else ''}, {record['machine']['cpu']}, "
+            f"{record['machine']['cores']} cores, shared by all workers. Command: `{record['command']}` "
+            f"({record['seconds']:.0f} s). MLP 784-1024-1024-10, Adam, global batch {GLOBAL_BATCH}, "
+            f"{STEPS_PER_EPOCH} steps per epoch; start-up = strategy creation (cluster), model build (broadcast), "
+            f"tracing and the first {STEPS_PER_EPOCH} steps; steady = the next {(EPOCHS - 1) * STEPS_PER_EPOCH} "
+            f"steps. Chief's clock. The check compares 1.86 M weights and Adam's 3.72 M state values across the "
+            f"workers at each epoch's end (tf_glp/strategy/workers_in_sync.py); it is inside the epochs timed, "
+            f"and runs only where there are several workers.", "", *rows, ""]
+    results, ratios = record["configurations"], record["steps_per_s_vs_one_process"]
+    two = {label: ratio for label, ratio in ratios.items() if label.startswith("2 workers")}
+    later, first = record["check_later_ms"], record["check_first_ms"]
+    if two and later:
+        epoch_ms = 1e3 * STEPS_PER_EPOCH / min(results[label]["steps_per_s"] for label in two)
+        text += [f"What it shows: two worker processes on this machine run at {min(two.values()):.2f}x-"
+                 f"{max(two.values()):.2f}x of one process with the same 2 replicas: they share the cores and "
+                 f"cross a gRPC ring, so this is the cost of crossing processes, not the gain of more machines. "
+                 f"The workers-in-sync check took {later['min']:.1f}-{later['max']:.1f} ms per epoch after the "
+                 f"first (median {later['median']:.1f}), {100 * later['median'] / epoch_ms:.1f}% of the slowest "
+                 f"{STEPS_PER_EPOCH}-step epoch here; the first, which traces its function, "
+                 f"{first['min']:.0f}-{first['max']:.0f} ms.", ""]
+    return "\n".join(text)
 
 
 if __name__ == "__main__":

@@ -44,9 +44,10 @@ def pytest_ignore_collect(collection_path, config):
 
 
 # The files that take minutes, started first. With `--dist loadfile` each
-# file runs whole in one process, handed out in collection order: started
-# last, test_keras_own_tests.py kept one core busy alone for the last 3
-# minutes of an 18-minute run (2026-12-07).
+# file runs whole in one process, handed out in collection order under
+# tools/dev.sh's --no-loadscope-reorder (xdist's default hands out the files
+# with the most tests first): started last, test_keras_own_tests.py kept
+# one core busy alone for the last minutes of the run (2026-12-07/08).
 SLOW_FIRST = ("strategy/test_keras_own_tests.py", "strategy/test_multi_worker_configurations.py",
               "strategy/test_multi_worker.py", "strategy/test_real_models.py", "test_examples.py",
               "test_engine_examples.py", "bench/test_compare.py")

@@ -60,7 +60,12 @@ case "${1:-}" in
     # teardown during evaluate()) ends the run at once, naming its test;
     # with restarts, xdist 3.8's loadfile scheduler can wait forever
     # (pytest-dev/pytest-xdist issue 1378).
-    "$PY" -m pytest -q -n "${TF_GLP_TEST_PROCESSES:-3}" --dist loadfile --max-worker-restart 0 "$@"
+    # --no-loadscope-reorder: files are handed out in collection order
+    # (tests/conftest.py's SLOW_FIRST first), not xdist's default of the
+    # files with the most tests first, which started the longest test
+    # (Keras' own, 3 tests) last.
+    "$PY" -m pytest -q -n "${TF_GLP_TEST_PROCESSES:-3}" --dist loadfile --no-loadscope-reorder \
+      --max-worker-restart 0 "$@"
     # The Ray Train tests, a step of their own (a local Ray cluster whose
     # workers would otherwise share the cores with the suite's processes);
     # left out when pytest arguments pick tests.
