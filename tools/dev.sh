@@ -54,7 +54,8 @@ case "${1:-}" in
     # them (its module fixtures built once): much of the suite is Python
     # tracing, process start-up and workers waiting on each other, which
     # leave a core idle; on the 2-core machine 3 processes ran the suite in
-    # 16.3 min where 2 took 18.5 (2026-12-07/08).
+    # 16.3 min where 2 took 18.5, and 14.6 with --no-loadscope-reorder
+    # below (2026-12-07/08).
     # --max-worker-restart 0: a worker that dies (a segfault inside
     # TensorFlow was seen once, 2026-12-04, in a tf.data iterator's
     # teardown during evaluate()) ends the run at once, naming its test;

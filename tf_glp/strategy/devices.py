@@ -76,8 +76,8 @@ def all_gpus(devices) -> bool:
 
 def placement(settings) -> str:
     """Where `tf_glp.Strategy(...)` trains with these Settings: across
-    workers (a cluster is given, or in TF_CONFIG or TF_GLP_WORKER_HOSTS); on one device when no
-    micro_batches, devices or replica count are given (nor
+    workers (a cluster is given, or in TF_CONFIG or TF_GLP_WORKER_HOSTS);
+    on one device when no micro_batches, devices or replica count are given (nor
     TF_GLP_CPU_REPLICAS) and there is no GPU (logical CPU replicas share the
     same cores, so they could only add work); else on one machine's replicas."""
     if cluster.resolve_cluster(settings.cluster_resolver) is not None:

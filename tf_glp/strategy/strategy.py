@@ -87,9 +87,9 @@ class Strategy(tf.distribute.Strategy):
         cluster_resolver: A ClusterResolver (e.g. tf_glp.slurm_cluster())
             to train across workers; without it, TF_CONFIG's cluster when set
             (`python -m tf_glp.launch` sets it), else TF_GLP_WORKER_HOSTS's
-            (tf_glp.environment_cluster(), e.g. a Kubernetes Indexed Job). Each worker's host sums its
-            replicas; the workers' sums meet in TensorFlow's collective
-            all-reduce (multi_worker_strategy.py).
+            (tf_glp.environment_cluster(), e.g. a Kubernetes Indexed Job).
+            Each worker's host sums its replicas; the workers' sums meet in
+            TensorFlow's collective all-reduce (multi_worker_strategy.py).
         plan_path: Where the start-up choices are kept for the next run
             of the same model on this machine: "auto" (default), the
             user's cache (tf_glp/tuning/store.py); a file; None: nowhere.
